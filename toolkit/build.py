@@ -1,0 +1,200 @@
+"""Build `llama-server` from a commit of any repository, with CMake + Ninja.
+
+The user's checkout is never built in place and never touched. Each (repository, flags)
+pair gets a workspace in the cache:
+
+    work/<key>/src     a private work tree, filled from the commit with a private index
+                       (`git read-tree -u` only rewrites files that differ, so switching
+                       base -> candidate makes Ninja recompile only the changed TUs)
+    work/<key>/build   the CMake build dir, compile_commands.json exported
+    work/<key>/build.log
+
+The private work tree is not a registered `git worktree`: nothing is added to the user's
+.git except objects. Finished binaries are stored by tree content + flags in bins/, so a
+build of content that was built before (any branch, any repo) is instant.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import git
+
+from . import cache, proc
+from .errors import BuildError, UsageError
+from .source import resolve
+
+# DESIGN.md, "Measured facts": offline flags that work on every layout.
+OFFLINE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+)
+SANITIZERS = {"address": "-DLLAMA_SANITIZE_ADDRESS=ON", "undefined": "-DLLAMA_SANITIZE_UNDEFINED=ON",
+              "thread": "-DLLAMA_SANITIZE_THREAD=ON"}
+TARGET = "llama-server"
+PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
+COMPILER_ERROR = re.compile(r"(error:|fatal error:|undefined reference to|Error \d)")
+
+
+@dataclass(frozen=True)
+class Options:
+    sanitize: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()  # more -D flags (e.g. examples ON for ik_llama.cpp)
+    jobs: int = 0  # 0: ninja's default
+    workdir: Path | None = None  # --build-dir: the workspace root (src/, build/) instead of the cache
+
+    def cmake_flags(self) -> tuple[str, ...]:
+        flags = list(OFFLINE_FLAGS)
+        for s in self.sanitize:
+            if s not in SANITIZERS:
+                raise UsageError(f"unknown sanitizer '{s}'; choose from: {', '.join(SANITIZERS)}.")
+            flags.append(SANITIZERS[s])
+        if shutil.which("ccache"):
+            flags += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        return tuple(flags) + tuple(self.extra)
+
+    def key(self) -> str:
+        return cache.digest(self.cmake_flags(), n=10)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A configured (repository, flags) pair; `src` holds `commit`."""
+    root: Path
+    src: Path
+    build: Path
+    log: Path
+    commit: str
+    tree: str
+
+    @property
+    def compile_commands(self) -> Path:
+        return self.build / "compile_commands.json"
+
+
+@dataclass(frozen=True)
+class Built:
+    binary: Path
+    commit: str
+    tree: str
+    workspace: Workspace
+    seconds: float
+    reused: bool
+    steps: int = 0  # ninja edges run (0 when reused)
+
+
+ProgressFn = Callable[[str], None]
+
+
+def _env(ws_root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("CCACHE_DIR", str(cache.sub("ccache")))
+    # paths under the workspace hash as relative ones: other workspaces hit the same entries
+    env["CCACHE_BASEDIR"] = str(ws_root)
+    env["CCACHE_NOHASHDIR"] = "1"
+    env.setdefault("CCACHE_MAXSIZE", "5G")
+    return env
+
+
+def workspace_root(repo: git.Repo, opts: Options) -> Path:
+    if opts.workdir:
+        return Path(opts.workdir).resolve()
+    return cache.root() / "work" / f"{cache.digest(str(Path(repo.git_dir).resolve()))}-{opts.key()}"
+
+
+def checkout(repo: git.Repo, commit: str, opts: Options = Options(),
+             progress: ProgressFn = lambda s: None) -> Workspace:
+    """Fill the private work tree with `commit` and make sure CMake has configured it."""
+    root = workspace_root(repo, opts)
+    with cache.locked(root.with_suffix(".lock")):
+        return _checkout(repo, root, commit, opts, progress)
+
+
+def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: ProgressFn) -> Workspace:
+    src, build, logp, index = root / "src", root / "build", root / "build.log", root / "index"
+    src.mkdir(parents=True, exist_ok=True)
+    tree = repo.git.rev_parse(f"{commit}^{{tree}}")
+    genv = dict(os.environ, GIT_INDEX_FILE=str(index))
+    gitargs = ["git", f"--git-dir={repo.git_dir}", f"--work-tree={src}"]
+    proc.run(gitargs + ["read-tree", "-u", "--reset", commit], env=genv, error=BuildError,
+             what="filling the build work tree", timeout=300)
+    (root / "COMMIT").write_text(commit + "\n")
+    ws = Workspace(root, src, build, logp, commit, tree)
+    flags = opts.cmake_flags()
+    stamp = root / "configured-flags.json"
+    if not (build / "build.ninja").exists() or not stamp.exists() or json.loads(stamp.read_text()) != list(flags):
+        progress("configuring with CMake")
+        res = proc.stream(["cmake", "-S", src, "-B", build, "-G", "Ninja", *flags],
+                          log_path=logp, env=_env(root), timeout=900)
+        if res.rc != 0:
+            raise BuildError(f"CMake configure failed (exit {res.rc}): {first_error(res.out)}", log=str(logp))
+        stamp.write_text(json.dumps(list(flags)))
+    return ws
+
+
+def first_error(output: str) -> str:
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if COMPILER_ERROR.search(line) and not line.startswith("ninja: build stopped"):
+            return line.strip()
+    for line in lines:
+        if line.startswith("FAILED:") or "CMake Error" in line:
+            return line.strip()
+    return (lines[-1].strip() if lines else "no output")
+
+
+def binary_store(tree: str, opts: Options) -> Path:
+    return cache.root() / "bins" / f"{tree[:16]}-{opts.key()}"
+
+
+def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
+          progress: ProgressFn = lambda s: None) -> Built:
+    commit = resolve(repo, ref)
+    tree = repo.git.rev_parse(f"{commit}^{{tree}}")
+    store = binary_store(tree, opts)
+    root = workspace_root(repo, opts)
+    with cache.locked(root.with_suffix(".lock")):
+        start = time.monotonic()
+        if (store / TARGET).exists():
+            ws = Workspace(root, root / "src", root / "build", root / "build.log", commit, tree)
+            return Built(store / TARGET, commit, tree, ws, 0.0, reused=True)
+        ws = _checkout(repo, root, commit, opts, progress)
+        argv = ["ninja", "-C", ws.build, TARGET]
+        if opts.jobs:
+            argv[1:1] = ["-j", str(opts.jobs)]
+        steps = 0
+
+        def on_line(line: str) -> None:
+            nonlocal steps
+            m = PROGRESS.match(line)
+            if m:
+                steps = int(m.group(1))
+                progress(f"[{m.group(1)}/{m.group(2)}] {m.group(3)[-90:]}")
+
+        progress(f"building {TARGET} at {commit[:12]} (log: {ws.log})")
+        res = proc.stream(argv, log_path=ws.log, on_line=on_line, env=_env(root), timeout=3600)
+        if res.rc != 0:
+            raise BuildError(f"{TARGET} did not build at {commit[:12]}: {first_error(res.out)}", log=str(ws.log))
+        out = ws.build / "bin" / TARGET
+        if not out.exists():
+            raise BuildError(f"ninja succeeded but {out} is missing.", log=str(ws.log))
+        store.mkdir(parents=True, exist_ok=True)
+        tmp = store / f".{TARGET}.tmp"
+        shutil.copy2(out, tmp)
+        os.replace(tmp, store / TARGET)
+        (store / "commit").write_text(commit + "\n")
+        return Built(store / TARGET, commit, tree, ws, time.monotonic() - start, reused=False, steps=steps)

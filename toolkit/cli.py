@@ -1,0 +1,195 @@
+"""The `patchkit` command: a thin click layer over the library.
+
+Every command prints progress on stderr and its result on stdout (the last line is the
+path or verdict a script wants); --json prints one JSON document instead. Errors are
+PatchkitError subclasses, each with its own exit code (README, "Exit codes").
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import build as build_mod
+from . import model as model_mod
+from . import proc, source, workload
+from .errors import EXIT_CODES, Interrupted, PatchkitError, UsageError
+from .ui import UI
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt()
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(UsageError.exit_code)
+    except click.exceptions.Abort:
+        proc.stop_all()
+        print("patchkit: interrupted; stopped all child processes.", file=sys.stderr)
+        sys.exit(Interrupted.exit_code)
+    except KeyboardInterrupt:
+        proc.stop_all()
+        print("patchkit: interrupted; stopped all child processes, your tree is untouched.", file=sys.stderr)
+        sys.exit(Interrupted.exit_code)
+    except PatchkitError as e:
+        proc.stop_all()
+        print(e.render(), file=sys.stderr)
+        sys.exit(e.exit_code)
+    finally:
+        proc.stop_all()
+
+
+def _emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _repo(path: str | None, ui: UI):
+    """--repo, or the embedded default tree (fetched on first use)."""
+    if path:
+        return source.open_repo(path)
+    tree = source.fetch(progress=ui.say)
+    return source.open_repo(tree.path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="patchkit")
+@click.option("-v", "--verbose", is_flag=True, help="Log every external command.")
+def cli(verbose: bool) -> None:
+    """Prove llama-server changes on real llama.cpp trees.
+
+    \b
+    The flow is one way:  source -> apply -> build -> verify -> pin / repro
+      patchkit source fetch             get the default llama.cpp tree (C2 layout)
+      patchkit apply --repo R           put the eviction patch on a new branch
+      patchkit build --repo R           build llama-server (cached by tree content)
+      patchkit verify --repo R          base vs patched on real overflow workloads
+      patchkit demo                     all of the above on the default tree
+    Exit codes: see `patchkit exit-codes`.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(name)s: %(message)s", stream=sys.stderr)
+
+
+@cli.command("exit-codes")
+def exit_codes() -> None:
+    """List every exit code and what it means."""
+    for code, text in sorted(EXIT_CODES.items()):
+        click.echo(f"{code:4d}  {' '.join((text or '').split())}")
+
+
+@cli.group("source")
+def source_group() -> None:
+    """Obtain llama.cpp trees (PyPI sdists of llama-cpp-python / ik-llama-cpp-python)."""
+
+
+@source_group.command("fetch")
+@click.option("--package", default=source.DEFAULT_PACKAGE, show_default=True,
+              type=click.Choice(list(source.PACKAGES)), help="Which sdist carries the tree.")
+@click.option("--version", "version", default=source.DEFAULT_VERSION, show_default=True,
+              help="Package version: 0.3.16 (layout A), 0.3.28 (B), 0.3.32 (C), 0.3.35 (C2), 0.3.36 (D).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the path.")
+def source_fetch(package: str, version: str, as_json: bool) -> None:
+    """Download an sdist, extract vendor/llama.cpp into the cache as a git repo; print its path.
+
+    A second call is instant. Example: patchkit source fetch --version 0.3.36
+    """
+    ui = UI(quiet=as_json)
+    t = time.monotonic()
+    tree = source.fetch(package, version, progress=ui.say)
+    ui.say(f"{'fetched' if tree.fetched else 'cached'}: {package} {version} at {tree.commit[:12]} "
+           f"({time.monotonic() - t:.1f} s)")
+    if as_json:
+        _emit_json({"package": package, "version": version, "path": str(tree.path), "commit": tree.commit,
+                    "fetched": tree.fetched})
+    else:
+        click.echo(str(tree.path))
+
+
+@cli.command("model")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default: cache).")
+@click.option("--draft", is_flag=True, help="The draft model (same vocabulary) for speculative decoding.")
+def model_cmd(out: Path | None, draft: bool) -> None:
+    """Write the tiny deterministic llama GGUF (same bytes every run); print sha256 and path."""
+    m = model_mod.ensure(model_mod.DRAFT if draft else model_mod.TINY, out)
+    click.echo(f"sha256 {m.sha256}  ({m.path.stat().st_size} bytes, {m.n_vocab} tokens)")
+    click.echo(str(m.path))
+
+
+def _build_options(sanitize: str | None, build_dir: Path | None) -> build_mod.Options:
+    san = tuple(s.strip() for s in sanitize.split(",") if s.strip()) if sanitize else ()
+    return build_mod.Options(sanitize=san, workdir=build_dir)
+
+
+@cli.command("build")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
+@click.option("--ref", default=None, help="Commit/branch/tag to build (default HEAD). Built in a private "
+              "work tree: your checkout, branch and index are never touched.")
+@click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Workspace root (src/ + build/) instead of the cache.")
+@click.option("--sanitize", default=None, help="address,undefined: the tree's own LLAMA_SANITIZE_* options.")
+@click.option("--json", "as_json", is_flag=True)
+def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
+    """Build llama-server (CMake + Ninja, offline flags, compile_commands.json); print the binary path.
+
+    A finished build is reused when tree content and flags are unchanged.
+    Example: patchkit build --repo ~/llama.cpp --ref my-branch
+    """
+    ui = UI(quiet=as_json)
+    r = _repo(repo, ui)
+    opts = _build_options(sanitize, build_dir)
+    with ui.step("build llama-server"):
+        built = build_mod.build(r, ref, opts, progress=ui.progress)
+    ui.say(f"{'reused cached build' if built.reused else f'built in {built.seconds:.1f} s'} "
+           f"(commit {built.commit[:12]}, compile_commands: {built.workspace.compile_commands})")
+    if as_json:
+        _emit_json({"binary": str(built.binary), "commit": built.commit, "tree": built.tree,
+                    "reused": built.reused, "seconds": round(built.seconds, 2),
+                    "compile_commands": str(built.workspace.compile_commands), "log": str(built.workspace.log)})
+    else:
+        click.echo(str(built.binary))
+
+
+@cli.command("verify")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
+@click.option("--base", "base_ref", default=None, help="Base ref (default HEAD).")
+@click.option("--baseline-only", is_flag=True, help="Run the workloads on the base only (show the bug).")
+@click.option("--workload", "workloads", multiple=True,
+              help=f"Workload name or .toml path; repeatable. Known: {', '.join(workload.available())}.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where report.json/md/html and server logs go (default: ./patchkit-report).")
+@click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout, no progress.")
+def verify_cmd(repo, base_ref, baseline_only, workloads, repeat, report_dir, as_json) -> None:
+    """Run overflow workloads against real llama-server builds and judge every slot's outcome.
+
+    Example: patchkit verify --repo ~/llama.cpp --baseline-only --workload overflow-4
+    """
+    from . import report, verify
+
+    ui = UI(quiet=as_json)
+    r = _repo(repo, ui)
+    wls = [workload.load(w) for w in (workloads or ["overflow-4"])]
+    base = source.resolve(r, base_ref)
+    out_dir = (report_dir or Path("patchkit-report")).resolve()
+    res = verify.run_suite(r, base, None, wls, repeat=repeat, work_dir=out_dir / "logs",
+                           say=ui.say, progress=ui.progress)
+    paths = report.write(res, out_dir)
+    if as_json:
+        _emit_json(report.to_json(res))
+    else:
+        click.echo(report.text_table(res))
+        click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}")
+        click.echo("PASS" if res.ok else "FAIL")
+    sys.exit(0 if res.ok else 1)

@@ -1,0 +1,121 @@
+"""llama-server lifecycle: start on a free 127.0.0.1 port, wait until ready, stop the group.
+
+Ready means `/health` answers 200 AND the process is still alive. Stopping escalates
+SIGTERM -> SIGKILL on the whole process group; `with Server(...)` stops it on any exit,
+including errors and Ctrl-C.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+
+from . import proc
+from .errors import ServerError
+
+BIND_FAILED = ("couldn't bind", "Address already in use", "failed to bind")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n  ".join(lines[-n:])
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    port: int
+    log: Path
+
+
+class Server:
+    def __init__(self, binary: Path, model: Path, args: Sequence[str], log_path: Path,
+                 ready_timeout: float = 120.0, port: int | None = None):
+        self.binary, self.model, self.args = Path(binary), Path(model), list(args)
+        self.log_path, self.ready_timeout, self.port = log_path, ready_timeout, port
+        self.child: proc.Spawned | None = None
+        self.endpoint: Endpoint | None = None
+
+    def __enter__(self) -> Endpoint:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> Endpoint:
+        if not self.binary.exists():
+            raise ServerError(f"no llama-server binary at {self.binary}; run `patchkit build` first.")
+        if not self.model.exists():
+            raise ServerError(f"model file {self.model} does not exist; run `patchkit model`.")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        attempts = 1 if self.port else 3  # a picked free port can be taken before we bind it
+        for attempt in range(attempts):
+            port = self.port or free_port()
+            argv = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(port),
+                    *self.args]
+            with open(self.log_path, "a") as fh:
+                fh.write(f"\n# patchkit: start attempt {attempt + 1}\n")
+            self.child = proc.Spawned(argv, log_path=self.log_path)
+            try:
+                self._wait_ready(port)
+            except ServerError:
+                self.stop()
+                log = self.log_path.read_text(errors="replace")
+                if not self.port and any(m in log.split("# patchkit: start attempt")[-1] for m in BIND_FAILED):
+                    continue
+                raise
+            except BaseException:
+                self.stop()
+                raise
+            self.endpoint = Endpoint(f"http://127.0.0.1:{port}", port, self.log_path)
+            return self.endpoint
+        raise ServerError(f"could not bind a free port after {attempts} attempts.", log=str(self.log_path))
+
+    def _wait_ready(self, port: int) -> None:
+        assert self.child is not None
+        deadline = time.monotonic() + self.ready_timeout
+        url = f"http://127.0.0.1:{port}/health"
+        while time.monotonic() < deadline:
+            if not self.child.alive():
+                raise ServerError(
+                    f"llama-server exited with code {self.child.returncode()} before it was ready:\n  "
+                    + _tail(self.log_path), log=str(self.log_path))
+            try:
+                r = httpx.get(url, timeout=1.0)
+                if r.status_code == 200 and self.child.alive():
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"llama-server was not ready within {self.ready_timeout:.0f} s.", log=str(self.log_path))
+
+    def alive(self) -> bool:
+        return bool(self.child and self.child.alive())
+
+    def returncode(self) -> int | None:
+        return self.child.returncode() if self.child else None
+
+    def healthy(self) -> bool:
+        if not self.endpoint or not self.alive():
+            return False
+        try:
+            return httpx.get(self.endpoint.url + "/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()

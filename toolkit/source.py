@@ -1,0 +1,159 @@
+"""Source trees: the llama.cpp tree vendored in a PyPI sdist, and users' own git checkouts.
+
+`fetch` downloads an sdist with pip (the only network patchkit uses), extracts its
+`vendor/llama.cpp` into the cache and makes it a git repository with one baseline commit.
+`open_repo` / `resolve` / `dirty_files` are the read-only questions every later stage asks
+of a user's repository.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from . import cache, proc
+from .errors import EnvironmentProblem, RepoError, UsageError
+
+DEFAULT_PACKAGE = "llama-cpp-python"
+DEFAULT_VERSION = "0.3.35"  # layout C2: what fork maintainers ship today
+PACKAGES = {
+    "llama-cpp-python": "llama_cpp_python",
+    "ik-llama-cpp-python": "ik_llama_cpp_python",
+}
+# Fixed identity and date: the baseline commit of a given sdist has the same SHA everywhere.
+BOT = {
+    "GIT_AUTHOR_NAME": "patchkit", "GIT_AUTHOR_EMAIL": "patchkit@localhost",
+    "GIT_COMMITTER_NAME": "patchkit", "GIT_COMMITTER_EMAIL": "patchkit@localhost",
+}
+FIXED_DATE = "2000-01-01T00:00:00+0000"
+
+
+@dataclass(frozen=True)
+class Tree:
+    package: str
+    version: str
+    path: Path
+    commit: str
+    fetched: bool  # False when it came from the cache
+
+
+def tree_dir(package: str, version: str) -> Path:
+    return cache.root() / "trees" / f"{package}-{version}"
+
+
+def fetch(package: str = DEFAULT_PACKAGE, version: str = DEFAULT_VERSION, progress=print) -> Tree:
+    if package not in PACKAGES:
+        raise UsageError(f"unknown package '{package}'; choose one of: {', '.join(PACKAGES)}.")
+    dest = tree_dir(package, version)
+    if (dest / ".git").is_dir():
+        repo = git.Repo(dest)
+        return Tree(package, version, dest, repo.head.commit.hexsha, fetched=False)
+
+    with cache.locked(cache.root() / "locks" / f"fetch-{package}-{version}"):
+        if (dest / ".git").is_dir():  # another process finished it meanwhile
+            return fetch(package, version, progress)
+        sdist = _download(package, version, progress)
+        progress(f"extracting vendor/llama.cpp from {sdist.name}")
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent if dest.parent.exists() else cache.sub("trees")))
+        try:
+            _extract_vendor(sdist, tmp)
+            repo = git.Repo.init(tmp, initial_branch="main")
+            # -f: the sdist is the truth; llama.cpp's own .gitignore must not drop files from it
+            repo.git.add("-A", "-f")
+            env = dict(BOT, GIT_AUTHOR_DATE=FIXED_DATE, GIT_COMMITTER_DATE=FIXED_DATE)
+            with repo.git.custom_environment(**env):
+                repo.git.commit("-q", "--no-verify", "-m", f"{package} {version}: vendor/llama.cpp baseline")
+            tmp.rename(dest)  # atomic: a tree is either complete or absent
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    repo = git.Repo(dest)
+    return Tree(package, version, dest, repo.head.commit.hexsha, fetched=True)
+
+
+def _download(package: str, version: str, progress) -> Path:
+    sdists = cache.sub("sdists")
+    stem = f"{PACKAGES[package]}-{version}"
+    for cand in sdists.glob(f"{stem}.tar.gz"):
+        return cand
+    progress(f"downloading {package}=={version} sdist from PyPI (~75 MB)")
+    res = proc.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+         "--no-build-isolation", "-q", "-d", str(sdists), f"{package}=={version}"],
+        timeout=900, check=False,
+    )
+    found = list(sdists.glob(f"{stem}.tar.gz"))
+    if res.rc != 0 or not found:
+        tail = (res.err or res.out).strip().splitlines()[-3:]
+        raise EnvironmentProblem(
+            f"could not download {package}=={version} from PyPI (pip exit {res.rc}): " + " / ".join(tail),
+            hint="Check the version exists (`pip index versions " + package + "`) and PyPI is reachable.",
+        )
+    return found[0]
+
+
+def _extract_vendor(sdist: Path, dest: Path) -> None:
+    """Extract only <top>/vendor/<llama.cpp or ik_llama.cpp>/ into dest, flattened."""
+    with tarfile.open(sdist) as tf:
+        members = tf.getmembers()
+        prefix = None
+        for m in members:
+            parts = m.name.split("/")
+            if len(parts) >= 4 and parts[1] == "vendor" and parts[3] == "CMakeLists.txt":
+                prefix = "/".join(parts[:3]) + "/"
+                break
+        if prefix is None:
+            raise UsageError(f"{sdist.name} has no vendor/<llama.cpp>/CMakeLists.txt; not a llama.cpp sdist.")
+        chosen = []
+        for m in members:
+            if m.name.startswith(prefix) and len(m.name) > len(prefix):
+                m.name = m.name[len(prefix):]
+                # the sdist keeps the submodule's `.git` gitlink file; it points nowhere here
+                if m.name == ".git" or m.name.startswith(".git/"):
+                    continue
+                chosen.append(m)
+        tf.extractall(dest, members=chosen, filter="data")
+
+
+# ---- questions about a user's repository (read-only) ----
+
+def open_repo(path: str | Path) -> git.Repo:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise RepoError(f"{p} does not exist.")
+    try:
+        repo = git.Repo(p, search_parent_directories=False)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise RepoError(
+            f"{p} is not a git repository (no .git at its top level).",
+            hint="Pass the top of a llama.cpp checkout, or run `patchkit source fetch` to get one.",
+        )
+    if repo.bare:
+        raise RepoError(f"{p} is a bare repository; patchkit needs a checkout.")
+    return repo
+
+
+def resolve(repo: git.Repo, ref: str | None) -> str:
+    """Full commit SHA of `ref` (default HEAD)."""
+    try:
+        return repo.git.rev_parse("--verify", "--quiet", f"{ref or 'HEAD'}^{{commit}}")
+    except git.GitCommandError:
+        raise RepoError(f"'{ref or 'HEAD'}' is not a commit in {repo.working_tree_dir}.")
+
+
+def dirty_files(repo: git.Repo) -> list[str]:
+    """Modified, staged and untracked (not ignored) files, as `git status` names them."""
+    out = repo.git.status("--porcelain", "--untracked-files=all")
+    return [line[3:] for line in out.splitlines() if line.strip()]
+
+
+def current_branch(repo: git.Repo) -> str | None:
+    try:
+        return repo.active_branch.name
+    except TypeError:  # detached HEAD
+        return None

@@ -1,0 +1,57 @@
+"""Progress and output: human lines on stderr, machine output (--json, paths) on stdout.
+
+GitHub Actions gets collapsible groups; --json (quiet) silences progress entirely.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+
+
+class UI:
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.gha = os.environ.get("GITHUB_ACTIONS") == "true"
+        self._live = False
+
+    def _clear(self) -> None:
+        if self._live:
+            sys.stderr.write("\r\033[K")
+            self._live = False
+
+    def say(self, msg: str) -> None:
+        if self.quiet:
+            return
+        self._clear()
+        print(msg, file=sys.stderr, flush=True)
+
+    def progress(self, msg: str) -> None:
+        """A transient line on a terminal (overwritten), a normal line elsewhere but rate-limited."""
+        if self.quiet:
+            return
+        if self.tty:
+            sys.stderr.write("\r\033[K" + msg[: os.get_terminal_size(2).columns - 1])
+            sys.stderr.flush()
+            self._live = True
+        elif not msg.startswith("[") or msg.split("/")[0].endswith(("0", "5")) or "/" not in msg:
+            # ninja's [n/N] lines: every 5th step is enough in a log
+            print(msg, file=sys.stderr, flush=True)
+
+    @contextmanager
+    def step(self, title: str):
+        start = time.monotonic()
+        if self.gha and not self.quiet:
+            print(f"::group::{title}", file=sys.stderr, flush=True)
+        else:
+            self.say(f"==> {title}")
+        try:
+            yield
+        finally:
+            self._clear()
+            took = time.monotonic() - start
+            if self.gha and not self.quiet:
+                print("::endgroup::", file=sys.stderr, flush=True)
+            self.say(f"    {title}: {took:.1f} s")

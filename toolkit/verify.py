@@ -1,0 +1,104 @@
+"""The whole proof, one way: base + candidate commits -> builds -> workload runs -> verdicts.
+
+This module only composes the stages (build, model, workload, compare); it decides
+nothing itself. The CLI prints what it returns; report.py writes it to disk.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import git
+
+from . import build as build_mod
+from . import compare, model
+from .workload import Run, Workload, run as run_workload
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    workload: Workload
+    base: tuple[Run, ...]
+    candidate: tuple[Run, ...]
+    control: Run | None
+    verdicts: tuple[compare.Verdict, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+@dataclass(frozen=True)
+class Result:
+    repo: str
+    base_commit: str
+    candidate_commit: str | None
+    candidate_label: str
+    policy: str
+    layout: str | None
+    results: tuple[WorkloadResult, ...]
+    timings: tuple[tuple[str, float], ...]
+    model_sha256: str
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+
+Say = Callable[[str], None]
+
+
+def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, workloads: list[Workload], *,
+              repeat: int = 1, work_dir: Path, opts: build_mod.Options = build_mod.Options(),
+              policy: str = "largest", candidate_label: str = "", layout: str | None = None,
+              say: Say = print, progress: Say = lambda s: None) -> Result:
+    timings: list[tuple[str, float]] = []
+
+    def timed(name, fn):
+        t = time.monotonic()
+        out = fn()
+        timings.append((name, time.monotonic() - t))
+        return out
+
+    say(f"building base {base_commit[:12]}")
+    base_bin = timed("build base", lambda: build_mod.build(repo, base_commit, opts, progress))
+    say(f"  base binary: {base_bin.binary}{' (cached)' if base_bin.reused else f' ({base_bin.seconds:.0f} s)'}")
+    cand_bin = None
+    if candidate_commit:
+        say(f"building candidate {candidate_commit[:12]}")
+        cand_bin = timed("build candidate", lambda: build_mod.build(repo, candidate_commit, opts, progress))
+        say(f"  candidate binary: {cand_bin.binary}"
+            f"{' (cached)' if cand_bin.reused else f' ({cand_bin.seconds:.0f} s)'}")
+    tiny = model.ensure(model.TINY)
+    draft = model.ensure(model.DRAFT) if any(w.server.draft for w in workloads) else None
+    work_dir.mkdir(parents=True, exist_ok=True)
+
+    results = []
+    t_runs = time.monotonic()
+    for wl in workloads:
+        control = None
+        if cand_bin and wl.expect.integrity:
+            say(f"[{wl.name}] control run (no overflow, base binary)")
+            control = run_workload(base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
+                                   draft=draft.path if draft else None)
+        base_runs, cand_runs, verdicts = [], [], []
+        for k in range(repeat):
+            say(f"[{wl.name}] base run {k + 1}/{repeat}")
+            r = run_workload(base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
+                             draft=draft.path if draft else None)
+            base_runs.append(r)
+            verdicts.append(compare.judge(wl, "base", r, k))
+            if cand_bin:
+                say(f"[{wl.name}] candidate run {k + 1}/{repeat}")
+                c = run_workload(cand_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.candidate.{k}.log",
+                                 draft=draft.path if draft else None)
+                cand_runs.append(c)
+                verdicts.append(compare.judge(wl, "candidate", c, k, control, policy))
+        res = WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts))
+        say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
+        results.append(res)
+    timings.append(("workloads", time.monotonic() - t_runs))
+    return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, policy, layout,
+                  tuple(results), tuple(timings), tiny.sha256)
