@@ -163,33 +163,138 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
 
 @cli.command("verify")
 @click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
-@click.option("--base", "base_ref", default=None, help="Base ref (default HEAD).")
+@click.option("--base", "base_ref", default=None, help="Base ref (default HEAD; the baseline tag on the fetched tree).")
+@click.option("--candidate", "cand_ref", default=None, help="Candidate: an existing ref (e.g. your patched branch).")
+@click.option("--patch", "patch_name", default=None, help="Candidate: this patch applied to the base (the default: "
+              "evict-largest-slot), in a private work tree.")
+@click.option("--patch-file", type=click.Path(dir_okay=False, path_type=Path), help="Candidate: a .patch/.diff "
+              "applied to the base.")
+@click.option("--commit", "commit_sha", default=None, help="Candidate: a commit merged into the base, as a fork's "
+              "nightly merges a pinned PR commit.")
+@click.option("--policy", type=click.Choice(["largest", "smallest", "newest"]), default="largest", show_default=True)
+@click.option("--variant", default=None, hidden=True, help="A deliberately broken rendering (oracle self-test).")
 @click.option("--baseline-only", is_flag=True, help="Run the workloads on the base only (show the bug).")
 @click.option("--workload", "workloads", multiple=True,
-              help=f"Workload name or .toml path; repeatable. Known: {', '.join(workload.available())}.")
-@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
+              help=f"Workload name or .toml path; repeatable (default: the suite). Known: {', '.join(workload.available())}.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per workload and side.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where report.json/md/html and server logs go (default: ./patchkit-report).")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout, no progress.")
-def verify_cmd(repo, base_ref, baseline_only, workloads, repeat, report_dir, as_json) -> None:
-    """Run overflow workloads against real llama-server builds and judge every slot's outcome.
+def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, policy, variant, baseline_only,
+               workloads, repeat, report_dir, as_json) -> None:
+    """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
-    Example: patchkit verify --repo ~/llama.cpp --baseline-only --workload overflow-4
+    Exit 0 when every expectation holds, 1 when one fails (report says which).
+
+    \b
+    Examples:
+      patchkit verify                                         # default tree, default patch, suite
+      patchkit verify --repo ~/llama.cpp --baseline-only --workload overflow-4
+      patchkit verify --repo ~/llama.cpp --candidate patchkit/evict-largest-slot --repeat 3
+      patchkit verify --repo ~/llama.cpp --commit 59a3d0cb8f61 --report-dir out/
     """
-    from . import report, verify
+    from . import report
+    from . import verify as pipeline
 
     ui = UI(quiet=as_json)
+    chosen = [x for x in (cand_ref, patch_name, patch_file, commit_sha) if x]
+    if len(chosen) > 1:
+        raise UsageError("give at most one of --candidate, --patch, --patch-file, --commit.")
+    if baseline_only and chosen:
+        raise UsageError("--baseline-only runs no candidate; drop the candidate option.")
     r = _repo(repo, ui)
-    wls = [workload.load(w) for w in (workloads or ["overflow-4"])]
-    base = source.resolve(r, base_ref)
+    if base_ref is None and not repo:
+        base_ref = source.BASELINE_TAG
+    wls = [workload.load(w) for w in (workloads or (["overflow-4"] if baseline_only else pipeline.SUITE))]
     out_dir = (report_dir or Path("patchkit-report")).resolve()
-    res = verify.run_suite(r, base, None, wls, repeat=repeat, work_dir=out_dir / "logs",
-                           say=ui.say, progress=ui.progress)
+    res = pipeline.verify(r, base_ref=base_ref, candidate_ref=cand_ref, patch_name=patch_name,
+                          patch_file=patch_file, commit=commit_sha, baseline_only=baseline_only, policy=policy,
+                          variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui)
     paths = report.write(res, out_dir)
     if as_json:
         _emit_json(report.to_json(res))
     else:
         click.echo(report.text_table(res))
         click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}")
+        click.echo("PASS" if res.ok else "FAIL")
+    sys.exit(0 if res.ok else 1)
+
+
+@cli.command("apply")
+@click.option("--repo", type=click.Path(file_okay=False), required=True, help="Your llama.cpp checkout.")
+@click.option("--patch", "patch_name", default="evict-largest-slot", show_default=True,
+              help="Patch folder under patches/.")
+@click.option("--policy", type=click.Choice(["largest", "smallest", "newest"]), default="largest",
+              show_default=True, help="Which slot to evict: most cells, fewest cells, or newest task.")
+@click.option("--branch", default=None, help="New branch for the series (default patchkit/<patch>).")
+@click.option("--check", "dry", is_flag=True, help="Print the unified diff; write nothing.")
+@click.option("--revert", is_flag=True, help="Return to the branch apply started from.")
+@click.option("--json", "as_json", is_flag=True)
+def apply_cmd(repo, patch_name, policy, branch, dry, revert, as_json) -> None:
+    """Apply the eviction patch as a commit series on a new branch, and check it out.
+
+    The layout (A, B, C, C2, D) is read from the AST (libclang over compile_commands.json,
+    configured on demand); anchors are found by meaning, never by line number. Your
+    original branch does not move; a dirty tree is refused and left untouched.
+
+    \b
+    Examples:
+      patchkit apply --repo ~/llama.cpp                 # new branch patchkit/evict-largest-slot
+      patchkit apply --repo ~/llama.cpp --check         # show the diff only
+      patchkit apply --repo ~/llama.cpp --revert        # back to where you were
+    """
+    from . import apply as apply_mod
+
+    ui = UI(quiet=as_json)
+    r = source.open_repo(repo)
+    if revert:
+        where, deleted = apply_mod.revert(r, branch)
+        msg = f"back on {where}" + ("; patch branch deleted" if deleted else "; patch branch kept (it has your commits)")
+        _emit_json({"status": "reverted", "to": where, "branch_deleted": deleted}) if as_json else click.echo(msg)
+        return
+    res = apply_mod.apply(r, patch_name=patch_name, policy=policy, branch=branch, check=dry, progress=ui.say)
+    if as_json:
+        _emit_json({"status": res.status, "layout": res.layout, "branch": res.branch, "base": res.base_commit,
+                    "head": res.head_commit, "commits": list(res.commits), "file": res.file,
+                    "seconds": round(res.seconds, 2), "diff": res.diff if dry else None})
+    elif res.status == "checked":
+        click.echo(res.diff, nl=False)
+        ui.say(f"layout {res.layout}: diff above; nothing written (--check).")
+    elif res.status == "already-applied":
+        click.echo(f"already applied: {res.file} carries the patch at {res.base_commit[:12]}; nothing to do.")
+    else:
+        click.echo(f"applied to layout {res.layout} in {res.seconds:.1f} s: {len(res.commits)} commit(s) on "
+                   f"branch {res.branch} (base {res.base_commit[:12]}), now checked out.")
+        click.echo(res.head_commit)
+
+
+@cli.command("check")
+@click.option("--repo", type=click.Path(file_okay=False), required=True)
+@click.option("--ref", default=None, help="The patched ref (default HEAD).")
+@click.option("--json", "as_json", is_flag=True)
+def check_cmd(repo, ref, as_json) -> None:
+    """Compile only the patched server TU (its compile_commands.json line) and check the patch statically.
+
+    Fails on a compile error, on any warning inside the patch's regions, or on a broken
+    invariant (embd not compacted, token pointer not restored, indices not remapped).
+    Example: patchkit check --repo ~/llama.cpp
+    """
+    from . import check as check_mod
+
+    ui = UI(quiet=as_json)
+    r = source.open_repo(repo)
+    res = check_mod.check(r, ref, progress=ui.say)
+    if as_json:
+        _emit_json({"ok": res.ok, "commit": res.commit, "file": res.file, "errors": list(res.errors),
+                    "new_warnings": list(res.new_warnings), "old_warnings": res.old_warnings,
+                    "static": [c.__dict__ for c in res.static], "compile_s": round(res.compile_s, 2)})
+    else:
+        click.echo(f"{res.file} at {res.commit[:12]}: compiled in {res.compile_s:.1f} s, "
+                   f"{len(res.errors)} error(s), {len(res.new_warnings)} new warning(s) "
+                   f"({res.old_warnings} pre-existing)")
+        for e in res.errors + res.new_warnings:
+            click.echo(f"  {e}")
+        for c in res.static:
+            click.echo(f"  {c.status:4s} {c.name}: {c.detail}")
         click.echo("PASS" if res.ok else "FAIL")
     sys.exit(0 if res.ok else 1)

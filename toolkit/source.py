@@ -31,6 +31,7 @@ BOT = {
     "GIT_COMMITTER_NAME": "patchkit", "GIT_COMMITTER_EMAIL": "patchkit@localhost",
 }
 FIXED_DATE = "2000-01-01T00:00:00+0000"
+BASELINE_TAG = "patchkit-baseline"
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,7 @@ def fetch(package: str = DEFAULT_PACKAGE, version: str = DEFAULT_VERSION, progre
         raise UsageError(f"unknown package '{package}'; choose one of: {', '.join(PACKAGES)}.")
     dest = tree_dir(package, version)
     if (dest / ".git").is_dir():
-        repo = git.Repo(dest)
-        return Tree(package, version, dest, repo.head.commit.hexsha, fetched=False)
+        return Tree(package, version, dest, _baseline(dest), fetched=False)
 
     with cache.locked(cache.root() / "locks" / f"fetch-{package}-{version}"):
         if (dest / ".git").is_dir():  # another process finished it meanwhile
@@ -68,12 +68,17 @@ def fetch(package: str = DEFAULT_PACKAGE, version: str = DEFAULT_VERSION, progre
             env = dict(BOT, GIT_AUTHOR_DATE=FIXED_DATE, GIT_COMMITTER_DATE=FIXED_DATE)
             with repo.git.custom_environment(**env):
                 repo.git.commit("-q", "--no-verify", "-m", f"{package} {version}: vendor/llama.cpp baseline")
+            repo.git.tag(BASELINE_TAG)
             tmp.rename(dest)  # atomic: a tree is either complete or absent
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    repo = git.Repo(dest)
-    return Tree(package, version, dest, repo.head.commit.hexsha, fetched=True)
+    return Tree(package, version, dest, _baseline(dest), fetched=True)
+
+
+def _baseline(path: Path) -> str:
+    # the tag, not HEAD: someone may have run `patchkit apply` in the cached tree
+    return git.Repo(path).git.rev_parse(f"{BASELINE_TAG}^{{commit}}")
 
 
 def _download(package: str, version: str, progress) -> Path:
@@ -84,7 +89,7 @@ def _download(package: str, version: str, progress) -> Path:
     progress(f"downloading {package}=={version} sdist from PyPI (~75 MB)")
     res = proc.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         "--no-build-isolation", "-q", "-d", str(sdists), f"{package}=={version}"],
+         "-q", "-d", str(sdists), f"{package}=={version}"],
         timeout=900, check=False,
     )
     found = list(sdists.glob(f"{stem}.tar.gz"))

@@ -102,3 +102,45 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     timings.append(("workloads", time.monotonic() - t_runs))
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, policy, layout,
                   tuple(results), tuple(timings), tiny.sha256)
+
+
+# The default suite, in the order that shows the most first.
+SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "single-slot", "fits", "victim-first"]
+
+
+def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,
+                      commit=None, policy="largest", variant=None, opts=build_mod.Options(),
+                      progress=lambda s: None) -> tuple[str, str, str | None]:
+    """(candidate commit, label, layout). With no option: the default patch on the base."""
+    from . import apply as apply_mod
+    from . import patch as patch_mod
+    from .source import resolve
+
+    if candidate_ref:
+        return resolve(repo, candidate_ref), f"ref {candidate_ref}", None
+    if patch_file:
+        return apply_mod.from_patch_file(repo, base, patch_file), f"patch file {Path(patch_file).name}", None
+    if commit:
+        return apply_mod.from_commit(repo, base, commit), f"commit {commit} merged into base", None
+    name = patch_name or patch_mod.DEFAULT_PATCH
+    sha, an = apply_mod.candidate_commit(repo, base, name, policy, variant, opts, progress)
+    layout = an.facts.layout if an.facts else None
+    return sha, f"patch {name}" + (f" (variant {variant})" if variant else ""), layout
+
+
+def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
+           baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
+           out_dir: Path, ui, opts: build_mod.Options = build_mod.Options()) -> Result:
+    from .source import resolve
+
+    base = resolve(repo, base_ref)
+    cand, label, layout = None, "", None
+    if not baseline_only:
+        with ui.step("prepare candidate"):
+            cand, label, layout = resolve_candidate(repo, base, candidate_ref=candidate_ref, patch_name=patch_name,
+                                                    patch_file=patch_file, commit=commit, policy=policy,
+                                                    variant=variant, opts=opts, progress=ui.say)
+        ui.say(f"candidate {cand[:12]}: {label}" + (f", layout {layout}" if layout else ""))
+    with ui.step("builds and workloads"):
+        return run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
+                         policy=policy, candidate_label=label, layout=layout, say=ui.say, progress=ui.progress)

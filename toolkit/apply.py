@@ -1,0 +1,227 @@
+"""Apply a patch to a repository as a series of commits on a new branch; check; revert.
+
+Nothing here writes to the user's working tree except the final `git checkout` of the new
+branch, which git itself performs on a clean tree. Commits are built with plumbing
+(hash-object, a private index, commit-tree), so a refusal or failure at any earlier point
+leaves the checkout, branch and index exactly as they were.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from . import build as build_mod
+from . import codeindex, patch, proc
+from .errors import PatchError, RepoError, UsageError
+from .source import BOT, current_branch, dirty_files, resolve
+
+TRAILER_PATCH = "Patchkit-Patch"
+TRAILER_RETURN = "Patchkit-Return-To"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    commit: str
+    file: str
+    state: str                    # clean | applied | partial
+    facts: patch.Facts | None     # None when already applied
+    source: bytes
+    workspace: build_mod.Workspace
+    parse_s: float
+
+
+@dataclass(frozen=True)
+class Applied:
+    status: str                   # applied | already-applied | checked (no write)
+    layout: str | None
+    branch: str | None
+    base_commit: str
+    head_commit: str | None       # tip of the series
+    commits: tuple[str, ...]
+    file: str
+    diff: str
+    seconds: float
+
+
+def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.Options = build_mod.Options(),
+            progress=lambda s: None) -> Analysis:
+    """Configure (if needed) a private work tree at `commit`, parse the server TU, read the layout."""
+    ws = build_mod.checkout(repo, commit, opts, progress)
+    rel = patch.find_server_file(ws.src)
+    text = (ws.src / rel).read_bytes()
+    st = patch.state(text.decode(errors="replace"), spec)
+    if st != "clean":
+        return Analysis(commit, rel, st, None, text, ws, 0.0)
+    db = codeindex.load_database(ws.compile_commands)
+    cmd = codeindex.command_for(db, ws.src / rel)
+    t = time.monotonic()
+    progress(f"parsing {rel} with libclang")
+    tu = codeindex.parse(cmd)
+    facts = patch.analyze(tu, text, rel)
+    return Analysis(commit, rel, st, facts, text, ws, time.monotonic() - t)
+
+
+def _git_env(index: Path | None = None) -> dict[str, str]:
+    env = dict(BOT)
+    if index is not None:
+        env["GIT_INDEX_FILE"] = str(index)
+    return env
+
+
+def commit_series(repo: git.Repo, base: str, rel: str, texts: list[tuple[int, bytes]], spec: patch.PatchSpec,
+                  policy: str, trailers: dict[str, str]) -> list[str]:
+    """One commit per (stage, text), chained on `base`; returns their SHAs. No ref, no worktree touched."""
+    commits, parent = [], base
+    with tempfile.TemporaryDirectory(prefix="patchkit-index-") as tmp:
+        index = Path(tmp) / "index"
+        g = repo.git
+        with g.custom_environment(**_git_env(index)):
+            g.read_tree(base)
+            for stage, text in texts:
+                blob_file = Path(tmp) / "blob"
+                blob_file.write_bytes(text)
+                blob = g.hash_object("-w", str(blob_file))
+                mode = g.ls_files("-s", "--", rel).split(" ")[0] or "100644"
+                g.update_index("--cacheinfo", f"{mode},{blob},{rel}")
+                tree = g.write_tree()
+                title, body = spec.stages[stage - 1]
+                msg = f"{title}\n\n{body.format(policy=policy)}\n\n" + "".join(
+                    f"{k}: {v}\n" for k, v in {**trailers, "Patchkit-Stage": str(stage)}.items())
+                parent = g.commit_tree(tree, "-p", parent, "-m", msg)
+                commits.append(parent)
+    return commits
+
+
+def _diff(rel: str, before: bytes, after: bytes) -> str:
+    return "".join(difflib.unified_diff(before.decode(errors="replace").splitlines(True),
+                                        after.decode(errors="replace").splitlines(True),
+                                        fromfile=f"a/{rel}", tofile=f"b/{rel}"))
+
+
+def candidate_commit(repo: git.Repo, base: str, patch_name: str = patch.DEFAULT_PATCH, policy: str = "largest",
+                     variant: str | None = None, opts: build_mod.Options = build_mod.Options(),
+                     progress=lambda s: None) -> tuple[str, Analysis]:
+    """The patched series on `base` as commit objects only (verify's default candidate)."""
+    spec = patch.load_patch(patch_name)
+    an = analyze(repo, base, spec, opts, progress)
+    if an.state == "applied":
+        return base, an
+    if an.state == "partial":
+        raise PatchError(f"{an.file} at {base[:12]} carries only part of '{spec.name}' (some markers missing).")
+    texts = patch.stage_texts(an.source, an.facts, spec, policy, variant)
+    commits = commit_series(repo, base, an.file, texts, spec, policy,
+                            {TRAILER_PATCH: f"{spec.name} policy={policy}" + (f" variant={variant}" if variant else "")})
+    return commits[-1], an
+
+
+def apply(repo: git.Repo, *, patch_name: str = patch.DEFAULT_PATCH, policy: str = "largest",
+          branch: str | None = None, check: bool = False, variant: str | None = None,
+          opts: build_mod.Options = build_mod.Options(), progress=lambda s: None) -> Applied:
+    start = time.monotonic()
+    spec = patch.load_patch(patch_name)
+    if policy not in spec.policies:
+        raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
+    dirty = dirty_files(repo)
+    if dirty and not check:
+        raise RepoError(f"the working tree has uncommitted changes; refusing to touch it. Files: "
+                        + ", ".join(dirty[:10]) + (" ..." if len(dirty) > 10 else "") + ".",
+                        hint="Commit or stash them first; nothing was changed.")
+    base = resolve(repo, "HEAD")
+    return_to = current_branch(repo) or base
+    branch = branch or f"patchkit/{spec.name}" + ("" if policy == "largest" else f"-{policy}")
+    an = analyze(repo, base, spec, opts, progress)
+    if an.state == "applied":
+        return Applied("already-applied", None, current_branch(repo), base, base, (), an.file, "",
+                       time.monotonic() - start)
+    if an.state == "partial":
+        raise PatchError(f"{an.file} carries only part of '{spec.name}' (some of its markers are missing): "
+                         "it was edited after patching.", hint="Restore the file or revert to the base branch.")
+    texts = patch.stage_texts(an.source, an.facts, spec, policy, variant)
+    diff = _diff(an.file, an.source, texts[-1][1])
+    if check:
+        return Applied("checked", an.facts.layout, None, base, None, (), an.file, diff, time.monotonic() - start)
+    if branch in [h.name for h in repo.heads]:
+        raise RepoError(f"branch '{branch}' already exists; refusing to overwrite it.",
+                        hint=f"Pass --branch NEW, or `patchkit apply --revert` / `git branch -D {branch}`.")
+    commits = commit_series(repo, base, an.file, texts, spec, policy,
+                            {TRAILER_PATCH: f"{spec.name} policy={policy}", TRAILER_RETURN: return_to})
+    repo.git.branch(branch, commits[-1])
+    try:
+        repo.git.checkout(branch)
+    except git.GitCommandError as e:
+        repo.git.branch("-D", branch)
+        raise RepoError(f"could not check out {branch}: {e.stderr.strip()}")
+    return Applied("applied", an.facts.layout, branch, base, commits[-1], tuple(commits), an.file, diff,
+                   time.monotonic() - start)
+
+
+def revert(repo: git.Repo, branch: str | None = None) -> tuple[str, bool]:
+    """Check out the branch apply started from. The patch branch is deleted when it holds only
+    patchkit's commits, kept (and said so) when someone committed on top of it.
+    Returns (where we returned to, whether the branch was deleted)."""
+    dirty = dirty_files(repo)
+    if dirty:
+        raise RepoError("the working tree has uncommitted changes; refusing to switch branches. Files: "
+                        + ", ".join(dirty[:10]) + ".", hint="Commit or stash them first; nothing was changed.")
+    branch = branch or current_branch(repo)
+    if not branch or branch not in [h.name for h in repo.heads]:
+        raise RepoError(f"no patch branch to revert ({branch or 'detached HEAD'}).",
+                        hint="Pass --branch patchkit/evict-largest-slot.")
+    foreign, c = 0, repo.heads[branch].commit
+    while not _trailer(c.message, TRAILER_RETURN):
+        if not c.parents or foreign > 1000:
+            raise RepoError(f"branch '{branch}' was not made by patchkit apply (no {TRAILER_RETURN} trailer).")
+        foreign += 1
+        c = c.parents[0]
+    ret = _trailer(c.message, TRAILER_RETURN)
+    repo.git.checkout(ret)
+    if foreign == 0:
+        repo.git.branch("-D", branch)
+    return ret, foreign == 0
+
+
+def _trailer(message: str, key: str) -> str | None:
+    m = re.search(rf"^{re.escape(key)}: (.+)$", message, re.M)
+    return m.group(1).strip() if m else None
+
+
+# ------------------------------------------------------------------ candidates that are not ours
+
+def from_patch_file(repo: git.Repo, base: str, patch_file: Path) -> str:
+    """`git apply --cached` onto `base` in a private index; one commit. Refuses on conflict."""
+    patch_file = Path(patch_file).resolve()
+    if not patch_file.is_file():
+        raise UsageError(f"patch file {patch_file} does not exist.")
+    with tempfile.TemporaryDirectory(prefix="patchkit-index-") as tmp:
+        g = repo.git
+        with g.custom_environment(**_git_env(Path(tmp) / "index")):
+            g.read_tree(base)
+            try:
+                g.apply("--cached", "--whitespace=nowarn", str(patch_file))
+            except git.GitCommandError as e:
+                raise PatchError(f"{patch_file.name} does not apply to {base[:12]}: {e.stderr.strip()[:400]}")
+            tree = g.write_tree()
+            return g.commit_tree(tree, "-p", base, "-m", f"patchkit candidate: {patch_file.name}\n\n"
+                                 f"{TRAILER_PATCH}: file {patch_file.name}\n")
+
+
+def from_commit(repo: git.Repo, base: str, commit: str) -> str:
+    """Merge `commit` into `base`, as a fork's nightly merges a pinned PR commit (no worktree)."""
+    sha = resolve(repo, commit)
+    if repo.is_ancestor(sha, base):
+        return base
+    try:
+        tree = repo.git.merge_tree("--write-tree", base, sha).splitlines()[0]
+    except git.GitCommandError as e:
+        raise PatchError(f"merging {sha[:12]} into {base[:12]} conflicts: {e.stdout.strip()[:400]}",
+                         hint="The pinned commit needs a rebase onto this base.")
+    with repo.git.custom_environment(**BOT):
+        return repo.git.commit_tree(tree, "-p", base, "-p", sha, "-m",
+                                    f"patchkit candidate: merge {sha[:12]} into {base[:12]}\n")

@@ -1,0 +1,172 @@
+"""`patchkit check`: compile only the patched translation unit, plus static checks of the patch.
+
+The compile uses the TU's own compile_commands.json command line (output to a temp file),
+in seconds instead of a build. A warning is "new" when it points into a region the patch
+inserted (between its markers), so one compile is enough: no baseline compile to diff.
+The static checks walk the patched helper with libclang and assert the invariants that
+a compiler cannot see (DESIGN.md): what is removed from the token list is removed from
+embd too; the token pointer is restored before a re-render; survivors' indices remapped.
+"""
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from . import build as build_mod
+from . import codeindex, patch, proc
+from .compare import Check
+from .errors import PatchError
+from .source import resolve
+
+DIAG = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):(?P<col>\d+): (?P<sev>warning|error|fatal error): (?P<msg>.*)$")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    commit: str
+    file: str
+    layout: str | None
+    errors: tuple[str, ...]
+    new_warnings: tuple[str, ...]
+    old_warnings: int
+    static: tuple[Check, ...]
+    compile_s: float
+    parse_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.new_warnings and all(c.ok for c in self.static)
+
+
+def marker_regions(text: str, marker: str) -> list[tuple[int, int]]:
+    """1-based inclusive line ranges between '<marker> begin' and '<marker> end'."""
+    out, start = [], None
+    for n, line in enumerate(text.splitlines(), 1):
+        if f"{marker} begin" in line:
+            start = n
+        elif f"{marker} end" in line and start is not None:
+            out.append((start, n))
+            start = None
+    return out
+
+
+def compile_tu(cmd: codeindex.CompileCommand) -> proc.Result:
+    argv = list(cmd.argv)
+    if Path(argv[0]).name == "ccache":
+        argv = argv[1:]  # warnings straight from the compiler
+    with tempfile.TemporaryDirectory(prefix="patchkit-check-") as tmp:
+        if "-o" in argv:
+            argv[argv.index("-o") + 1] = str(Path(tmp) / "tu.o")
+        return proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
+
+
+def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
+    """Invariants of the patched helper, read from the AST."""
+    from clang.cindex import CursorKind as K
+
+    helper = None
+    hook_calls = 0
+    main = str(tu.spelling)
+    for c in tu.cursor.walk_preorder():
+        if c.location.file and str(c.location.file) != main:
+            continue
+        if c.kind == K.CXX_METHOD and c.spelling == patch.HELPER and c.is_definition():
+            helper = c
+        elif c.kind == K.CALL_EXPR and c.spelling == patch.HELPER:
+            hook_calls += 1
+    if helper is None:
+        return [Check("helper-present", "fail", f"{patch.HELPER}() not found in the patched TU")]
+    members: list[tuple[int, str, str]] = []  # (offset, member, parent-call)
+    for c in helper.walk_preorder():
+        if c.kind == K.MEMBER_REF_EXPR:
+            members.append((c.extent.start.offset, c.spelling, ""))
+    names = [m for _, m, _ in members]
+    toks = "".join(t.spelling for t in helper.get_tokens())
+    checks = [Check("hook-called", "pass" if hook_calls == 1 else "fail",
+                    f"{patch.HELPER}() called {hook_calls} time(s) from the decode handler")]
+    removes_tokens = "tokens.resize(" in toks or "n_tokens=n_new" in toks
+    checks.append(Check("removes-entries", "pass" if removes_tokens else "fail",
+                        "the victim's undecoded entries are removed from the batch" if removes_tokens
+                        else "the helper never shrinks the batch"))
+    if facts_like.get("has_embd"):
+        ok = "embd.resize(" in toks and "std::copy(" in toks
+        checks.append(Check("embd-compacted", "pass" if ok else "fail",
+                            "every removal from tokens is matched in embd (copy + resize)" if ok
+                            else "tokens shrink but embd is not compacted: embeddings misalign"))
+    if facts_like.get("has_tokens_ptr"):
+        restore = toks.find("tokens_ptr")
+        render = toks.find(".render()")
+        ok = render < 0 or (0 <= restore < render)
+        checks.append(Check("token-pointer-restored", "pass" if ok else "fail",
+                            "tokens_ptr restored before render()" if ok
+                            else "render() may write through the null token pointer of embd mode"))
+    remapped = names.count("i_batch") >= 2 and "n_removed_before[idx]" in toks
+    checks.append(Check("indices-remapped", "pass" if remapped else "fail",
+                        "survivors' i_batch shifted past removed entries" if remapped
+                        else "survivors' i_batch are not remapped: they sample stale indices"))
+    if facts_like.get("has_spec_i_batch"):
+        ok = "spec_i_batch)" in toks and remapped
+        checks.append(Check("spec-indices-remapped", "pass" if ok else "fail",
+                            "spec_i_batch entries shifted too" if ok else "spec_i_batch not remapped"))
+    return checks
+
+
+def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAULT_PATCH,
+          opts: build_mod.Options = build_mod.Options(), progress=lambda s: None) -> CheckResult:
+    spec = patch.load_patch(patch_name)
+    commit = resolve(repo, ref)
+    ws = build_mod.checkout(repo, commit, opts, progress)
+    rel = patch.find_server_file(ws.src)
+    path = ws.src / rel
+    text = path.read_text(errors="replace")
+    if patch.state(text, spec) != "applied":
+        raise PatchError(f"{rel} at {commit[:12]} does not carry '{spec.name}'; apply it first "
+                         "(`patchkit apply`) or pass --ref of the patched branch.")
+    cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), path)
+    regions = marker_regions(text, spec.marker)
+
+    # libclang parse (static checks) runs while the compiler works
+    box: dict = {}
+
+    def parse() -> None:
+        t = time.monotonic()
+        try:
+            tu = codeindex.parse(cmd)
+            src = path.read_text(errors="replace")
+            facts = {"has_embd": "std::vector<float> embd" in src,
+                     "has_tokens_ptr": "tokens_ptr" in src.split(spec.marker)[0],
+                     "has_spec_i_batch": "spec_i_batch" in src.split(spec.marker)[0]}
+            box["static"] = static_checks(tu, facts, spec.marker)
+        except Exception as e:  # reported as a failed check, never lost
+            box["static"] = [Check("libclang-parse", "fail", f"{type(e).__name__}: {e}")]
+        box["parse_s"] = time.monotonic() - t
+
+    th = threading.Thread(target=parse)
+    th.start()
+    progress(f"compiling {rel} with its compile_commands.json command")
+    res = compile_tu(cmd)
+    th.join()
+    errors, new, old = [], [], 0
+    for line in (res.err + res.out).splitlines():
+        m = DIAG.match(line)
+        if not m:
+            continue
+        in_file = Path(m["file"]).name == path.name
+        inside = in_file and any(a <= int(m["line"]) <= b for a, b in regions)
+        if m["sev"] != "warning":
+            errors.append(line.strip())
+        elif inside:
+            new.append(line.strip())
+        else:
+            old += 1
+    if res.rc != 0 and not errors:
+        errors.append(f"compiler exit code {res.rc}: " + build_mod.first_error(res.err + res.out))
+    layout = None
+    return CheckResult(commit, rel, layout, tuple(errors), tuple(new), old, tuple(box.get("static", [])),
+                       res.seconds, box.get("parse_s", 0.0))

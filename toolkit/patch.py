@@ -1,0 +1,295 @@
+"""The apply engine: find the layout by meaning, render the patch for it, commit the series.
+
+1. `analyze`: libclang parses the server TU with its compile_commands.json flags; the
+   layout is read from the AST (which structs, fields and methods exist) and the anchors
+   are found by meaning: the method holding the `n_batch == 1 && ret == 1` branch, the
+   loop that sends the error to every slot, the decode call's context, the batch offset.
+2. `render`: Jinja2 (StrictUndefined) templates of patches/<name>/, one set for all
+   layouts; the facts from step 1 fill them. Pure: text in, text out.
+3. `commit_series`: one commit per stage, written with git plumbing into a private index,
+   so no working tree is touched. `apply` then points a new branch at it and checks it out.
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from .errors import LayoutError, PatchError, UsageError
+
+PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
+DEFAULT_PATCH = "evict-largest-slot"
+HELPER = "patchkit_evict_one"
+# Where each layout keeps the server's decode loop, newest first.
+SERVER_FILES = ("tools/server/server-context.cpp", "tools/server/server.cpp", "examples/server/server-context.cpp",
+                "examples/server/server.cpp")
+EXCEEDED = '"Context size has been exceeded."'
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the AST says about one tree: the layout and every anchor the templates need."""
+    layout: str
+    file: str                 # repo-relative path of the patched TU
+    handler: str              # the method holding the n_batch == 1 && ret == 1 branch
+    off: str                  # the batch-offset variable at that point
+    ctx: str                  # the llama_context expression the decode call uses
+    n_batch: str
+    retry: str                # how the handler retries the same offset
+    batch_model: str          # plain (llama_batch) | tokens (server_batch + llama_batch) | view (common_batch)
+    has_embd: bool
+    has_tokens_ptr: bool
+    slot_batched_member: bool
+    has_spec_i_batch: bool
+    terminate: str            # the per-slot statements of the error-every-slot loop
+    frees_cells: bool         # whether those statements free the slot's KV cells
+    cache_tokens: str         # the slot's token-cache field (cleared with the cells)
+    task_id: str              # expression (SLOT = a slot pointer) ordering slots by arrival
+    helper_at: int            # byte offset: insert the helper method here
+    helper_indent: str
+    hook_at: int              # byte offset: just after '{' of the n_batch == 1 && ret == 1 branch
+    hook_indent: str
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    name: str
+    marker: str
+    summary: str
+    policies: tuple[str, ...]
+    stages: tuple[tuple[str, str], ...]
+    variants: dict
+    root: Path
+
+
+def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
+    root = PATCHES_DIR / name
+    meta = root / "patch.toml"
+    if not meta.exists():
+        known = sorted(p.name for p in PATCHES_DIR.iterdir() if (p / "patch.toml").exists())
+        raise UsageError(f"no patch named '{name}'. Known: {', '.join(known)}.")
+    d = tomllib.loads(meta.read_text())
+    return PatchSpec(d["name"], d["marker"], d["summary"], tuple(d["policies"]),
+                     tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}), root)
+
+
+# ------------------------------------------------------------------ analysis
+
+def find_server_file(root: Path) -> str:
+    for rel in SERVER_FILES:
+        p = root / rel
+        if p.exists() and EXCEEDED.encode() in p.read_bytes() or (p.exists() and "process_batch_tokens" in p.read_text(errors="replace")):
+            return rel
+    raise LayoutError(f"none of {', '.join(SERVER_FILES)} in {root} holds the server's decode loop.",
+                      hint="Is this a llama.cpp tree?")
+
+
+def _tokens(cursor) -> str:
+    return "".join(t.spelling for t in cursor.get_tokens())
+
+
+def _walk(cursor):
+    stack = [cursor]
+    while stack:
+        c = stack.pop()
+        yield c
+        stack.extend(reversed(list(c.get_children())))
+
+
+def _line_start(text: bytes, offset: int) -> int:
+    return text.rfind(b"\n", 0, offset) + 1
+
+
+def _indent_at(text: bytes, offset: int) -> str:
+    start = _line_start(text, offset)
+    line = text[start:offset].decode()
+    return line[: len(line) - len(line.lstrip())]
+
+
+def analyze(tu, source: bytes, rel: str) -> Facts:
+    """Read the layout and anchors from a parsed TU (libclang) of `source`."""
+    from clang.cindex import CursorKind as K
+
+    main = str(tu.spelling)
+    structs: dict[str, dict[str, str]] = {}
+    methods = []
+    for top in tu.cursor.get_children():
+        if not top.location.file or str(top.location.file) != main:
+            continue
+        if top.kind in (K.STRUCT_DECL, K.CLASS_DECL) and top.is_definition():
+            fields = structs.setdefault(top.spelling, {})
+            for ch in top.get_children():
+                if ch.kind == K.FIELD_DECL:
+                    fields[ch.spelling] = ch.type.spelling
+                elif ch.kind == K.CXX_METHOD and ch.is_definition():
+                    methods.append((top.spelling, ch))
+        elif top.kind == K.CXX_METHOD and top.is_definition():
+            methods.append((top.semantic_parent.spelling if top.semantic_parent else "", top))
+
+    missing = []
+    literal_at = source.find(EXCEEDED.encode())
+    handler = None
+    for owner, m in methods:
+        if literal_at >= 0 and m.extent.start.offset <= literal_at < m.extent.end.offset:
+            handler = (owner, m)
+    if literal_at < 0:
+        missing.append(f"the {EXCEEDED} error (this server reports a full KV cache differently)")
+    if handler is None:
+        raise LayoutError(_missing_msg(rel, missing + ["a method holding the context-exceeded error"]),
+                          hint=_fork_hint(source))
+    owner, method = handler
+
+    branch = loop = decode_call = None
+    enclosing_for = None
+    for c in _walk(method):
+        if c.kind == K.IF_STMT and branch is None:
+            kids = list(c.get_children())
+            if kids and _tokens(kids[0]).replace("(", "").replace(")", "") == "n_batch==1&&ret==1":
+                branch = c
+        elif c.kind == K.CXX_FOR_RANGE_STMT and loop is None:
+            kids = list(c.get_children())
+            body = _tokens(kids[-1]) if kids else ""
+            if "send_error(slot,err)" in body and any(_tokens(k) == "slots" for k in kids[:-1]):
+                loop = c
+        elif c.kind == K.CALL_EXPR and c.spelling in ("llama_decode", "llama_process") and decode_call is None:
+            decode_call = c
+    if branch is None:
+        missing.append("the `n_batch == 1 && ret == 1` branch")
+    if loop is None:
+        missing.append("the loop that sends the error to every slot")
+    if decode_call is None:
+        missing.append("the llama_decode/llama_process call")
+    if missing:
+        raise LayoutError(_missing_msg(rel, missing), hint=_fork_hint(source))
+
+    for c in _walk(method):  # the innermost for-loop around the branch, for loop-style handlers
+        if c.kind == K.FOR_STMT and c.extent.start.offset < branch.extent.start.offset < c.extent.end.offset:
+            enclosing_for = c
+
+    params = [p.spelling for p in method.get_children() if p.kind == K.PARM_DECL]
+    returns_bool = method.result_type.spelling == "bool"
+    if "off" in params and returns_bool:
+        off, retry = "off", "return false;"
+    elif enclosing_for is not None:
+        var = next((d for d in _walk(enclosing_for) if d.kind == K.VAR_DECL), None)
+        if var is None:
+            raise LayoutError(_missing_msg(rel, ["the batch offset variable of the decode loop"]))
+        off, retry = var.spelling, "continue;"
+    else:
+        raise LayoutError(_missing_msg(rel, ["the batch offset (`off` parameter or loop variable)"]))
+    args = [a for a in decode_call.get_arguments()]
+    ctx = _tokens(args[0]) if args else "ctx"
+
+    batch_struct = structs.get("server_batch")
+    ctx_fields = structs.get(owner, {})
+    slot = structs.get("server_slot", {})
+    if batch_struct and "view" in batch_struct:
+        batch_model = "view"
+    elif batch_struct and "tokens" in batch_struct and "batch" in batch_struct:
+        batch_model = "tokens"
+    elif "llama_batch" in ctx_fields.get("batch", ""):
+        batch_model = "plain"
+    else:
+        raise LayoutError(_missing_msg(rel, ["the server batch (server_batch struct or llama_batch member)"]))
+    has_embd = bool(batch_struct and "has_embd" in batch_struct and "embd" in batch_struct)
+    has_tokens_ptr = bool(batch_struct and "tokens_ptr" in batch_struct)
+    if "i_batch" not in slot:
+        raise LayoutError(_missing_msg(rel, ["server_slot::i_batch"]))
+
+    body_cursor = list(loop.get_children())[-1]
+    b0, b1 = body_cursor.extent.start.offset, body_cursor.extent.end.offset
+    inner = source[b0:b1].decode()
+    if inner.startswith("{"):
+        inner = inner[1:inner.rindex("}")]
+    terminate = textwrap.dedent(inner.strip("\n")).strip()
+    frees = "prompt_clear" in terminate or "seq_rm" in terminate
+    cache_tokens = "cache_tokens" if "cache_tokens" in slot else "prompt.tokens"
+    task_id = "SLOT->id_task" if "id_task" in slot else "(SLOT->task ? SLOT->task->id : -1)"
+
+    if batch_model == "plain":
+        layout = "A" if rel.endswith("server.cpp") else "B"
+    elif batch_model == "view":
+        layout = "D"
+    else:
+        layout = "C2" if has_embd else "C"
+
+    # the helper goes before the handler, above the comment block that documents it
+    m_start = _line_start(source, method.extent.start.offset)
+    while True:
+        prev = _line_start(source, m_start - 1) if m_start > 0 else 0
+        if prev < m_start and source[prev:m_start].strip().startswith(b"//"):
+            m_start = prev
+        else:
+            break
+    body = next(ch for ch in branch.get_children() if ch.kind == K.COMPOUND_STMT)
+    hook_at = body.extent.start.offset + 1
+    first_stmt = next(iter(body.get_children()), None)
+    hook_indent = _indent_at(source, first_stmt.extent.start.offset) if first_stmt else \
+        _indent_at(source, branch.extent.start.offset) + "    "
+    return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
+                 bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
+                 cache_tokens, task_id, m_start, _indent_at(source, method.extent.start.offset), hook_at, hook_indent)
+
+
+def _missing_msg(rel: str, missing: list[str]) -> str:
+    return f"{rel}: unknown layout; anchors not found: " + "; ".join(missing) + "."
+
+
+def _fork_hint(source: bytes) -> str:
+    if b"process_batch_tokens" in source and b"KV cache is full" in source:
+        return ("This is ik_llama.cpp (layout E): its process_batch_tokens() treats `n_batch == 1 || ret < 0` as one "
+                "error and has no unified KV pool (--kv-unified), so there is no shared-pool overflow to evict from; "
+                "patchkit does not patch it.")
+    return "Supported layouts: A, B, C, C2, D (README, 'Layouts')."
+
+
+# ------------------------------------------------------------------ rendering
+
+def _env(spec: PatchSpec) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(spec.root)), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def state(text: str, spec: PatchSpec) -> str:
+    """'clean' | 'applied' | 'partial' (some markers but not the whole patch)."""
+    n = text.count(spec.marker)
+    if n == 0:
+        return "clean"
+    return "applied" if n == 4 else "partial"
+
+
+def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: str = "largest",
+           variant: str | None = None) -> bytes:
+    if policy not in spec.policies:
+        raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
+    params = {"remap_indices": True}
+    if variant:
+        if variant not in spec.variants:
+            raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")
+        params.update(spec.variants[variant])
+    env = _env(spec)
+    ctx = dict(f=facts, marker=spec.marker, helper=HELPER, policy=policy, stage=stage, **params)
+    helper = env.get_template("helper.cpp.j2").render(**ctx)
+    hook = env.get_template("hook.cpp.j2").render(**ctx)
+    helper = textwrap.indent(helper, facts.helper_indent, lambda l: l.strip() != "")
+    hook = "\n" + textwrap.indent(hook.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "") + "\n"
+    # insert the later offset first so the earlier one stays valid
+    assert facts.helper_at < facts.hook_at
+    out = source[: facts.hook_at] + hook.encode() + source[facts.hook_at:]
+    return out[: facts.helper_at] + helper.encode() + out[facts.helper_at:]
+
+
+def stage_texts(source: bytes, facts: Facts, spec: PatchSpec, policy: str = "largest",
+                variant: str | None = None) -> list[tuple[int, bytes]]:
+    """Each stage's full render, skipping stages that change nothing on this layout."""
+    out, prev = [], source
+    for k in range(1, len(spec.stages) + 1):
+        text = render(source, facts, spec, stage=k, policy=policy, variant=variant)
+        if text != prev:
+            out.append((k, text))
+            prev = text
+    return out
