@@ -53,6 +53,7 @@ class Applied:
 def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.Options = build_mod.Options(),
             progress=lambda s: None) -> Analysis:
     """Configure (if needed) a private work tree at `commit`, parse the server TU, read the layout."""
+    _precheck(repo, commit)
     ws = build_mod.checkout(repo, commit, opts, progress)
     rel = patch.find_server_file(ws.src)
     text = (ws.src / rel).read_bytes()
@@ -66,6 +67,24 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
     tu = codeindex.parse(cmd)
     facts = patch.analyze(tu, text, rel)
     return Analysis(commit, rel, st, facts, text, ws, time.monotonic() - t)
+
+
+def _precheck(repo: git.Repo, commit: str) -> None:
+    """Refuse in a second, before any configure, a tree whose server has no context-exceeded
+    error at all: there is nothing for the AST anchors to find (e.g. ik_llama.cpp, layout E)."""
+    for rel in patch.SERVER_FILES:
+        try:
+            text = repo.git.show(f"{commit}:{rel}").encode()
+        except git.GitCommandError:
+            continue
+        if patch.EXCEEDED.encode() in text:
+            return
+        if b"process_batch_tokens" in text:
+            raise patch.LayoutError(patch._missing_msg(rel, [f"the {patch.EXCEEDED} error",
+                                                             "the `n_batch == 1 && ret == 1` branch"]),
+                                    hint=patch._fork_hint(text))
+    raise patch.LayoutError(f"no server decode loop found at {commit[:12]} (looked in {', '.join(patch.SERVER_FILES)}).",
+                            hint="Is this a llama.cpp tree?")
 
 
 def _git_env(index: Path | None = None) -> dict[str, str]:

@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -116,9 +116,18 @@ def workspace_root(repo: git.Repo, opts: Options) -> Path:
     return cache.root() / "work" / f"{cache.digest(str(Path(repo.git_dir).resolve()))}-{opts.key()}"
 
 
+def adapt(repo: git.Repo, commit: str, opts: Options) -> Options:
+    """Per-tree flags: trees whose server lives under examples/ (older llama.cpp, ik_llama.cpp)
+    only configure it with examples ON."""
+    if not repo.git.ls_tree(commit, "tools/server") and repo.git.ls_tree(commit, "examples/server"):
+        return replace(opts, extra=opts.extra + ("-DLLAMA_BUILD_EXAMPLES=ON",))
+    return opts
+
+
 def checkout(repo: git.Repo, commit: str, opts: Options = Options(),
              progress: ProgressFn = lambda s: None) -> Workspace:
     """Fill the private work tree with `commit` and make sure CMake has configured it."""
+    opts = adapt(repo, commit, opts)
     root = workspace_root(repo, opts)
     with cache.locked(root.with_suffix(".lock")):
         return _checkout(repo, root, commit, opts, progress)
@@ -142,8 +151,22 @@ def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: 
                           log_path=logp, env=_env(root), timeout=900)
         if res.rc != 0:
             raise BuildError(f"CMake configure failed (exit {res.rc}): {first_error(res.out)}", log=str(logp))
+        _generate_headers(build, logp, root)
         stamp.write_text(json.dumps(list(flags)))
     return ws
+
+
+def _generate_headers(build: Path, logp: Path, root: Path) -> None:
+    """Build the headers CMake generates at build time (e.g. layout A's index.html.gz.hpp):
+    parsing or compiling one TU from a configure-only tree needs them."""
+    res = proc.run(["ninja", "-C", build, "-t", "targets", "all"], timeout=120, error=BuildError)
+    # only the server's own (UI assets); anything else generated is not included by its TU
+    headers = [line.split(":")[0] for line in res.out.splitlines()
+               if re.match(r"^(tools|examples)/server/[^:]+\.(h|hpp)\s*:", line)]
+    if headers:
+        r = proc.stream(["ninja", "-C", build, *headers], log_path=logp, env=_env(root), timeout=900)
+        if r.rc != 0:
+            raise BuildError(f"generating headers failed: {first_error(r.out)}", log=str(logp))
 
 
 def first_error(output: str) -> str:
@@ -164,6 +187,7 @@ def binary_store(tree: str, opts: Options) -> Path:
 def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
           progress: ProgressFn = lambda s: None) -> Built:
     commit = resolve(repo, ref)
+    opts = adapt(repo, commit, opts)
     tree = repo.git.rev_parse(f"{commit}^{{tree}}")
     store = binary_store(tree, opts)
     root = workspace_root(repo, opts)

@@ -70,16 +70,14 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
     """Invariants of the patched helper, read from the AST."""
     from clang.cindex import CursorKind as K
 
-    helper = None
-    hook_calls = 0
-    main = str(tu.spelling)
-    for c in tu.cursor.walk_preorder():
-        if c.location.file and str(c.location.file) != main:
-            continue
-        if c.kind == K.CXX_METHOD and c.spelling == patch.HELPER and c.is_definition():
-            helper = c
-        elif c.kind == K.CALL_EXPR and c.spelling == patch.HELPER:
-            hook_calls += 1
+    _, methods = patch.declarations(tu)
+    source = Path(str(tu.spelling)).read_bytes()
+    helper, hook_calls = None, 0
+    for _, m in methods:
+        if m.spelling == patch.HELPER:
+            helper = m
+        elif patch.HELPER.encode() in source[m.extent.start.offset:m.extent.end.offset]:
+            hook_calls += sum(1 for c in m.walk_preorder() if c.kind == K.CALL_EXPR and c.spelling == patch.HELPER)
     if helper is None:
         return [Check("helper-present", "fail", f"{patch.HELPER}() not found in the patched TU")]
     members: list[tuple[int, str, str]] = []  # (offset, member, parent-call)
@@ -138,10 +136,10 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
         t = time.monotonic()
         try:
             tu = codeindex.parse(cmd)
-            src = path.read_text(errors="replace")
-            facts = {"has_embd": "std::vector<float> embd" in src,
-                     "has_tokens_ptr": "tokens_ptr" in src.split(spec.marker)[0],
-                     "has_spec_i_batch": "spec_i_batch" in src.split(spec.marker)[0]}
+            structs, _ = patch.declarations(tu)
+            batch, slot = structs.get("server_batch", {}), structs.get("server_slot", {})
+            facts = {"has_embd": "has_embd" in batch and "embd" in batch, "has_tokens_ptr": "tokens_ptr" in batch,
+                     "has_spec_i_batch": "spec_i_batch" in slot}
             box["static"] = static_checks(tu, facts, spec.marker)
         except Exception as e:  # reported as a failed check, never lost
             box["static"] = [Check("libclang-parse", "fail", f"{type(e).__name__}: {e}")]

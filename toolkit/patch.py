@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jinja2
 
-from .errors import LayoutError, PatchError, UsageError
+from .errors import LayoutError, PatchError, UsageError  # noqa: F401 (LayoutError re-exported)
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
 DEFAULT_PATCH = "evict-largest-slot"
@@ -110,8 +110,8 @@ def _indent_at(text: bytes, offset: int) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def analyze(tu, source: bytes, rel: str) -> Facts:
-    """Read the layout and anchors from a parsed TU (libclang) of `source`."""
+def declarations(tu) -> tuple[dict[str, dict[str, str]], list]:
+    """Main-file structs ({name: {field: type}}) and method definitions [(owner, cursor)]."""
     from clang.cindex import CursorKind as K
 
     main = str(tu.spelling)
@@ -129,7 +129,14 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
                     methods.append((top.spelling, ch))
         elif top.kind == K.CXX_METHOD and top.is_definition():
             methods.append((top.semantic_parent.spelling if top.semantic_parent else "", top))
+    return structs, methods
 
+
+def analyze(tu, source: bytes, rel: str) -> Facts:
+    """Read the layout and anchors from a parsed TU (libclang) of `source`."""
+    from clang.cindex import CursorKind as K
+
+    structs, methods = declarations(tu)
     missing = []
     literal_at = source.find(EXCEEDED.encode())
     handler = None
