@@ -67,14 +67,6 @@ def unchanged(run: Run) -> list[Check]:
                    f"{len(done)}/{len(run.outcomes)} completed")] + server_checks(run)
 
 
-def single_error(run: Run) -> list[Check]:
-    """One slot overflowing alone: the old behaviour, that slot errors."""
-    errored = [o for o in run.outcomes if o.outcome == "errored" and o.error == EXCEEDED]
-    others_ok = all(o.outcome == "completed" for o in run.outcomes if o not in errored)
-    return [_check("lone-slot-errored", len(errored) == 1 and others_ok,
-                   f"errored: {[o.slot for o in errored]}, others completed: {others_ok}")] + server_checks(run)
-
-
 def expected_victim(ev: Event, policy: str, wl: Workload) -> set[int]:
     cells = dict(ev.others)
     if ev.victim is not None and ev.cells is not None:
@@ -150,15 +142,31 @@ def first_difference(a, b) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def same_as(run: Run, base: Run | None) -> list[Check]:
+    """The patch must not change anything: same outcome, same tokens, slot by slot."""
+    if base is None:
+        return [Check("same-as-base", "skip", "no base run to compare with")]
+    ref = {o.slot: o for o in base.outcomes}
+    diffs = []
+    for o in run.outcomes:
+        b = ref.get(o.slot)
+        if b is None or (o.outcome, o.error, o.tokens) != (b.outcome, b.error, b.tokens):
+            pos = first_difference(o.tokens, b.tokens) if b else None
+            diffs.append(f"slot {o.slot}: {b.outcome if b else '-'} -> {o.outcome}"
+                         + (f", tokens differ at {pos}" if pos is not None else ""))
+    return [_check("same-as-base", not diffs, "every slot's outcome and tokens equal the base run" if not diffs
+                   else "; ".join(diffs))]
+
+
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
-          policy: str = "largest") -> Verdict:
+          policy: str = "largest", base: Run | None = None) -> Verdict:
     mode = wl.expect.base if side == "base" else wl.expect.candidate
-    if mode == "all-error":
+    if mode == "same":
+        checks = server_checks(run) + (same_as(run, base) if side == "candidate" else [])
+    elif mode == "all-error":
         checks = all_error(run)
     elif mode == "unchanged":
         checks = unchanged(run)
-    elif mode == "single-error":
-        checks = single_error(run)
     elif mode == "one-victim":
         checks = one_victim(run, wl, policy)
     else:

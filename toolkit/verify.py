@@ -95,7 +95,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                 c = run_workload(cand_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.candidate.{k}.log",
                                  draft=draft.path if draft else None)
                 cand_runs.append(c)
-                verdicts.append(compare.judge(wl, "candidate", c, k, control, policy))
+                verdicts.append(compare.judge(wl, "candidate", c, k, control, policy, base=r))
         res = WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts))
         say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
@@ -105,7 +105,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
 
 
 # The default suite, in the order that shows the most first.
-SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "single-slot", "fits", "victim-first"]
+SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle", "fits",
+         "single-slot"]
 
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,

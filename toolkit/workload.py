@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+import selectors
+import socket
 import threading
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import h11
 import httpx
 
 from .errors import UsageError
@@ -69,8 +72,8 @@ class ServerFlags:
 
 @dataclass(frozen=True)
 class Expect:
-    base: str = "all-error"         # all-error | unchanged | single-error
-    candidate: str = "one-victim"   # one-victim | unchanged | single-error
+    base: str = "all-error"         # all-error | unchanged | same
+    candidate: str = "one-victim"   # one-victim | unchanged | same (as the base run)
     victim: int | None = None       # the slot arithmetic says must be evicted
     integrity: bool = True          # survivors' streams == control, victim's a prefix
 
@@ -194,6 +197,8 @@ class Run:
     exit_code: int | None      # the server's, if it died during the run
     wall: float
     log: str
+    attempts: int = 1            # runs discarded for a non-lock-step start, plus this one
+    launch_spread_ms: float = 0.0
 
 
 def _classify(req: Request, status, error, done, stop_type, truncated, predicted, n_tokens) -> str:
@@ -208,69 +213,152 @@ def _classify(req: Request, status, error, done, stop_type, truncated, predicted
     return "completed"
 
 
-def send(url: str, req: Request, t0: float | None, timeout: float, ready=None) -> Outcome:
-    """One request; every failure mode is an Outcome, never an exception.
+class _Exchange:
+    """One request on its own socket, the response parsed with h11 (sans-IO HTTP/1.1).
 
-    `ready` (a callable) is called once the connection is open and before the request is
-    sent: the runner uses it to release all requests at once. The tiny model generates a
-    token in ~0.2 ms, so requests that leave even a few ms apart do not overlap at all.
+    The runner opens every socket first, then writes all requests back to back in one
+    tight loop (microseconds apart): the tiny model generates a token every ~0.2 ms, so
+    requests sent even a few ms apart would start generating many steps apart.
     """
-    status = error = stop_type = truncated = predicted = None
-    t_first = None
-    done = False
-    tokens: list[int] = []
-    t0 = time.monotonic() if t0 is None else t0
-    start = 0.0
+
+    def __init__(self, port: int, req: Request, t0: float):
+        self.req, self.t0, self.port = req, t0, port
+        self.sock: socket.socket | None = None
+        self.conn = h11.Connection(h11.CLIENT)
+        body = json.dumps(req.body()).encode()
+        self.wire = self.conn.send(h11.Request(method="POST", target="/completion", headers=[
+            ("Host", f"127.0.0.1:{port}"), ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))), ("Connection", "close")])) + self.conn.send(h11.Data(data=body)) \
+            + self.conn.send(h11.EndOfMessage())
+        self.status = self.error = self.stop_type = self.truncated = self.predicted = None
+        self.t_start = 0.0
+        self.t_first = None
+        self.t_last = time.monotonic()
+        self.done = False          # `data: [DONE]` (stream) or a whole 200 body (non-stream)
+        self.finished = False      # the exchange is over, whatever happened
+        self.kind: str | None = None
+        self.tokens: list[int] = []
+        self._buf = b""
+
+    def send(self) -> None:
+        # connect and write at once: the server's worker finds the request already there
+        self.t_start = time.monotonic() - self.t0
+        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(self.wire)
+        self.sock.setblocking(False)
+
+    def on_readable(self) -> None:
+        try:
+            data = self.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            return self._end("crashed", f"{type(e).__name__}: {e}")
+        self.t_last = time.monotonic()
+        self.conn.receive_data(data)
+        while not self.finished:
+            try:
+                ev = self.conn.next_event()
+            except h11.RemoteProtocolError as e:
+                return self._end("crashed", f"connection dropped: {e}")
+            if ev is h11.NEED_DATA:
+                if not data:  # EOF inside a response: the server went away
+                    return self._end("crashed", "connection closed mid-response")
+                return
+            if isinstance(ev, h11.Response):
+                self.status = ev.status_code
+            elif isinstance(ev, h11.Data):
+                self._buf += bytes(ev.data)
+                if self.req.stream and self.status == 200:
+                    self._lines()
+            elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return self._finish()
+
+    def _lines(self) -> None:
+        *lines, self._buf = self._buf.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace").rstrip("\r")
+            if not line.startswith("data: "):
+                continue
+            payload = line[6:]
+            if payload.strip() == "[DONE]":
+                self.done = True
+                continue
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                self.error = _error_text(chunk)
+                continue
+            got = chunk.get("tokens") or []
+            if got and self.t_first is None:
+                self.t_first = time.monotonic() - self.t0
+            self.tokens.extend(got)
+            if chunk.get("stop"):
+                self._final(chunk)
+
+    def _final(self, body: dict) -> None:
+        self.stop_type, self.truncated = body.get("stop_type"), body.get("truncated")
+        self.predicted = body.get("tokens_predicted")
+
+    def _finish(self) -> None:
+        if self.status != 200:
+            self.error = _error_text(self._buf.decode(errors="replace"))
+        elif not self.req.stream:
+            body = json.loads(self._buf or b"{}")
+            self.tokens = list(body.get("tokens") or [])
+            self._final(body)
+            self.done = True
+        self._end(_classify(self.req, self.status, self.error, self.done, self.stop_type, self.truncated,
+                            self.predicted, len(self.tokens)), self.error)
+
+    def _end(self, kind: str, error: str | None) -> None:
+        self.kind, self.error, self.finished = kind, error, True
+        if self.sock is not None:
+            self.sock.close()
+
+    def outcome(self) -> Outcome:
+        return Outcome(self.req.slot, self.kind or "timeout", self.status, self.error, self.done, self.stop_type,
+                       self.truncated, self.predicted, tuple(self.tokens), len(self.req.prompt), self.req.n_predict,
+                       self.t_start, self.t_first, time.monotonic() - self.t0)
+
+
+def exchange(port: int, reqs: tuple[Request, ...], timeout: float) -> list[Outcome]:
+    """Send `reqs` (all at once, then each after its start_ms) and collect their outcomes."""
+    t0 = time.monotonic()
+    pending: list[_Exchange] = []
+    out: dict[int, Outcome] = {}
+    pending = [_Exchange(port, r, t0) for r in reqs]
+    sel = selectors.DefaultSelector()
+    waiting = sorted(pending, key=lambda x: x.req.start_ms)
+    active: list[_Exchange] = []
     try:
-        with httpx.Client(timeout=httpx.Timeout(timeout, connect=10.0)) as client:
-            client.get(url + "/health")  # open the keep-alive connection before the start line
-            if ready:
-                ready()
-            start = time.monotonic() - t0
-            if req.stream:
-                with client.stream("POST", url + "/completion", json=req.body()) as resp:
-                    status = resp.status_code
-                    if status != 200:
-                        resp.read()
-                        error = _error_text(resp.text)
-                    else:
-                        for line in resp.iter_lines():
-                            if not line.startswith("data: "):
-                                continue
-                            payload = line[6:]
-                            if payload.strip() == "[DONE]":
-                                done = True
-                                continue
-                            chunk = json.loads(payload)
-                            if "error" in chunk:
-                                error = _error_text(chunk)
-                                continue
-                            got = chunk.get("tokens") or []
-                            if got and t_first is None:
-                                t_first = time.monotonic() - t0
-                            tokens.extend(got)
-                            if chunk.get("stop"):
-                                stop_type = chunk.get("stop_type")
-                                truncated = chunk.get("truncated")
-                                predicted = chunk.get("tokens_predicted")
-            else:
-                resp = client.post(url + "/completion", json=req.body())
-                status = resp.status_code
-                if status != 200:
-                    error = _error_text(resp.text)
-                else:
-                    body = resp.json()
-                    tokens = list(body.get("tokens") or [])
-                    stop_type, truncated = body.get("stop_type"), body.get("truncated")
-                    predicted = body.get("tokens_predicted")
-                    done = True
-        kind = _classify(req, status, error, done, stop_type, truncated, predicted, len(tokens))
-    except httpx.TimeoutException:
-        kind, error = "timeout", f"no answer within {timeout:.0f} s"
-    except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
-        kind, error = "crashed", f"{type(e).__name__}: {e}"
-    return Outcome(req.slot, kind, status, error, done, stop_type, truncated, predicted, tuple(tokens),
-                   len(req.prompt), req.n_predict, start, t_first, time.monotonic() - t0)
+        while waiting or active:
+            now = time.monotonic()
+            while waiting and (now - t0) * 1000 >= waiting[0].req.start_ms:
+                x = waiting.pop(0)
+                try:
+                    x.send()
+                    sel.register(x.sock, selectors.EVENT_READ, x)
+                    active.append(x)
+                except OSError as e:
+                    x._end("crashed", f"could not send: {e}")
+            wait = 0.05
+            if waiting:
+                wait = min(wait, max(0.0, waiting[0].req.start_ms / 1000 - (time.monotonic() - t0)))
+            for key, _ in sel.select(wait):
+                key.data.on_readable()
+            for x in [x for x in active if x.finished or time.monotonic() - x.t_last > timeout]:
+                if not x.finished:
+                    x._end("timeout", f"no data for {timeout:.0f} s")
+                sel.unregister(x.sock)
+                active.remove(x)
+    finally:
+        for x in active:
+            x._end(x.kind or "timeout", x.error or "interrupted")
+        sel.close()
+    for x in pending:
+        out[x.req.slot] = x.outcome()
+    return [out[r.slot] for r in reqs]
 
 
 def _error_text(body) -> str:
@@ -317,8 +405,43 @@ def _poll_slots(url: str, t0: float, stop: threading.Event, into: list[Sample]) 
             stop.wait(0.02)
 
 
+LAUNCH_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) .*launch_slot_: id +(\d+) ")
+# Requests released together must start generating in the same server step: the sizing
+# arithmetic (and where in the batch the victim sits) assumes lock-step. The server's HTTP
+# threads add jitter of up to tens of ms (~100 steps of the tiny model), so a run whose
+# simultaneous requests were launched further apart than this is discarded and run again.
+MAX_LAUNCH_SPREAD_MS = 0.5
+
+
+def launch_spread_ms(log_text: str, wl: Workload) -> float:
+    """Largest gap between server-side launches of requests meant to start together."""
+    at: dict[int, float] = {}
+    for line in log_text.splitlines():
+        m = LAUNCH_RE.match(line)
+        if m and int(m.group(5)) not in at:
+            mins, secs, ms, us = (int(g) for g in m.groups()[:4])
+            at[int(m.group(5))] = (mins * 60 + secs) * 1000 + ms + us / 1000
+    worst = 0.0
+    for start in {r.start_ms for r in wl.requests}:
+        times = [at[r.slot] for r in wl.requests if r.start_ms == start and r.slot in at]
+        if len(times) > 1:
+            worst = max(worst, max(times) - min(times))
+    return worst
+
+
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
-        timeout: float = 120.0) -> Run:
+        timeout: float = 120.0, attempts: int = 8) -> Run:
+    """Run on a fresh server; re-run (up to `attempts`) while the start was not in lock-step."""
+    for attempt in range(1, attempts + 1):
+        r = run_once(binary, model, wl, log_path, draft=draft, timeout=timeout)
+        spread = launch_spread_ms(Path(r.log).read_text(errors="replace"), wl)
+        if spread <= MAX_LAUNCH_SPREAD_MS or attempt == attempts or r.exit_code is not None:
+            return replace(r, attempts=attempt, launch_spread_ms=round(spread, 3))
+    raise AssertionError("unreachable")
+
+
+def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
+             timeout: float = 120.0) -> Run:
     """A fresh server, every request, a follow-up probe, the server stopped."""
     args = wl.server.argv()
     if wl.server.draft:
@@ -333,42 +456,18 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
         stop = threading.Event()
         poller = threading.Thread(target=_poll_slots, args=(ep.url, t0, stop, samples), daemon=True)
         poller.start()
-        results: dict[int, Outcome] = {}
-        barrier = threading.Barrier(len(wl.requests))
-        start_line: list[float] = []
-
-        def worker(req: Request) -> None:
-            def ready() -> float:
-                try:
-                    if barrier.wait(timeout=30) == 0:
-                        start_line.append(time.monotonic())
-                except threading.BrokenBarrierError:
-                    pass
-                while not start_line:
-                    time.sleep(0.0005)
-                delay = req.start_ms / 1000 - (time.monotonic() - start_line[0])
-                if delay > 0:
-                    time.sleep(delay)
-
-            results[req.slot] = send(ep.url, req, t0, timeout, ready)
-
-        threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in wl.requests]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout + 30)
-        stop.set()
-        poller.join(5)
+        try:
+            outcomes = exchange(ep.port, wl.requests, timeout)
+        finally:
+            stop.set()
+            poller.join(5)
         wall = time.monotonic() - t0
         alive = srv.alive()
         followup_ok = False
         if alive:
             probe = Request(slot=wl.requests[0].slot, prompt=prompt_ids(8, 99), n_predict=8, stream=False)
-            followup_ok = send(ep.url, probe, t0, 60).outcome == "completed"
+            followup_ok = exchange(ep.port, (probe,), 60)[0].outcome == "completed"
         code = srv.returncode()
     text = log_path.read_text(errors="replace")
-    outcomes = tuple(results.get(r.slot) or Outcome(r.slot, "timeout", None, "worker did not finish", False,
-                                                    None, None, None, (), len(r.prompt), r.n_predict, 0, None, wall)
-                     for r in wl.requests)
-    return Run(wl.name, outcomes, tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
+    return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path))
