@@ -298,3 +298,40 @@ def check_cmd(repo, ref, as_json) -> None:
             click.echo(f"  {c.status:4s} {c.name}: {c.detail}")
         click.echo("PASS" if res.ok else "FAIL")
     sys.exit(0 if res.ok else 1)
+
+
+@cli.command("demo")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Default: ./patchkit-report")
+@click.option("--json", "as_json", is_flag=True)
+def demo_cmd(repeat, report_dir, as_json) -> None:
+    """The whole job on the embedded default: fetch llama-cpp-python 0.3.35 (layout C2), write the
+    tiny model, apply the patch (in a private work tree), build base and patched, run the suite,
+    print the before/after table.
+
+    Everything is cached (PATCHKIT_CACHE, default ~/.cache/patchkit): a second run is fast.
+    Example: patchkit demo --repeat 3 --report-dir out/
+    """
+    from . import report
+    from . import verify as pipeline
+
+    ui = UI(quiet=as_json)
+    with ui.step(f"fetch {source.DEFAULT_PACKAGE} {source.DEFAULT_VERSION}"):
+        tree = source.fetch(progress=ui.say)
+    with ui.step("tiny model"):
+        m = model_mod.ensure()
+        ui.say(f"    {m.path} sha256 {m.sha256[:16]}")
+    r = source.open_repo(tree.path)
+    wls = [workload.load(w) for w in pipeline.SUITE]
+    out_dir = (report_dir or Path("patchkit-report")).resolve()
+    res = pipeline.verify(r, base_ref=source.BASELINE_TAG, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui)
+    paths = report.write(res, out_dir)
+    if as_json:
+        _emit_json(report.to_json(res))
+    else:
+        click.echo(report.text_table(res))
+        click.echo("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.timings))
+        click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}")
+        click.echo("PASS" if res.ok else "FAIL")
+    sys.exit(0 if res.ok else 1)

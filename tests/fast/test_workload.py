@@ -1,0 +1,84 @@
+"""Workload files, prompt ids, log parsing: no processes."""
+import pytest
+
+from toolkit import workload
+from toolkit.errors import UsageError
+
+
+@pytest.mark.parametrize("name", workload.available())
+def test_every_fixture_loads_and_documents_its_sizing(name):
+    wl = workload.load(name)
+    assert wl.requests and wl.description
+    if wl.expect.candidate == "one-victim":
+        assert "->" in wl.sizing, "an overflow workload writes its arithmetic next to it"
+        demand = sum(len(r.prompt) + r.n_predict for r in wl.requests)
+        assert demand > wl.server.ctx, "an overflow workload must overflow"
+        if wl.expect.victim is not None:
+            victim = next(r for r in wl.requests if r.slot == wl.expect.victim)
+            rest = demand - len(victim.prompt) - victim.n_predict
+            assert rest <= wl.server.ctx, "survivors must fit once the victim is gone"
+
+
+def test_fits_fits():
+    wl = workload.load("fits")
+    assert sum(len(r.prompt) + r.n_predict for r in wl.requests) <= wl.server.ctx
+
+
+def test_control_is_big_enough():
+    wl = workload.load("overflow-8")
+    c = wl.control()
+    assert c.server.ctx >= sum(len(r.prompt) + r.n_predict for r in wl.requests)
+    assert c.requests == wl.requests
+
+
+def test_prompt_ids_are_deterministic_and_never_special():
+    a, b = workload.prompt_ids(100, 3), workload.prompt_ids(100, 3)
+    assert a == b and len(a) == 100
+    assert min(a) >= workload.N_SPECIAL and max(a) < 113
+    assert workload.prompt_ids(100, 4) != a
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("name='x'\n[server]\nctx=1\nparallel=1\n", "requests"),
+    ("name='x'\n[server]\nctx=128\nparallel=2\n[[requests]]\nslot=5\nprompt_len=3\nn_predict=1\n", "slots"),
+    ("name='x'\nbogus=1\n[server]\nctx=128\nparallel=1\n[[requests]]\nslot=0\nprompt_len=3\nn_predict=1\n", "unknown"),
+    ("name = [unclosed\n", "TOML"),
+])
+def test_invalid_workload_is_refused_clearly(tmp_path, text, needle):
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(UsageError) as e:
+        workload.load(str(p))
+    assert needle.lower() in str(e.value).lower() and str(p) in str(e.value)
+
+
+def test_unknown_workload_lists_known():
+    with pytest.raises(UsageError) as e:
+        workload.load("nope")
+    assert "overflow-4" in str(e.value)
+
+
+def test_events_from_log():
+    log = ("0.01.3 W srv  patchkit_evi: patchkit-evict: slot=3 cells=287 off=0 others=0:227,1:247,2:267 policy=largest\n"
+           "0.00.4 E srv  decode: Context size has been exceeded. off = 2, n_batch = 1, ret = 1\n")
+    ev = workload.events_from_log(log)
+    assert ev[0] == workload.Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))
+    assert ev[1].kind == "error-all" and ev[1].off == 2
+
+
+def test_launch_spread():
+    wl = workload.load("staggered")  # slots 0-1 at 0 ms, 2-3 at 15 ms: spread is per group
+    log = "\n".join([
+        "0.00.100.000 I slot launch_slot_: id  0 | task 1 | processing task",
+        "0.00.100.050 I slot launch_slot_: id  1 | task 2 | processing task",
+        "0.00.115.000 I slot launch_slot_: id  2 | task 3 | processing task",
+        "0.00.117.000 I slot launch_slot_: id  3 | task 4 | processing task",
+    ])
+    assert workload.launch_spread_ms(log, wl) == pytest.approx(2.0)
+
+
+def test_request_body_pins_the_slot_and_is_greedy():
+    r = workload.load("overflow-4").requests[2]
+    body = r.body()
+    assert body["id_slot"] == 2 and body["ignore_eos"] and body["temperature"] == 0.0
+    assert body["return_tokens"] and body["n_predict"] == 240 and len(body["prompt"]) == 80
