@@ -1,0 +1,26 @@
+"""Shared fixtures. Expensive things (trees, builds) are cached under PATCHKIT_CACHE and shared
+by every test of a run, and by later runs: one build per tree content."""
+import shutil
+import subprocess
+
+import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/real/" in str(item.fspath):
+            item.add_marker(pytest.mark.real)
+
+
+def _llama_servers() -> set[int]:
+    out = subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_servers():
+    """Every test must stop every llama-server it started."""
+    before = _llama_servers()
+    yield
+    left = _llama_servers() - before
+    assert not left, f"llama-server processes left running: {sorted(left)}"

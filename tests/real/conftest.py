@@ -1,0 +1,69 @@
+"""Real tier: real git, CMake, compilers, llama-server, HTTP. A missing prerequisite FAILS,
+naming what is missing; nothing here is skipped silently."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import git
+import pytest
+
+from toolkit import build, source
+
+REQUIRED = ["git", "cmake", "ninja", "gcc", "g++"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prerequisites():
+    missing = [p for p in REQUIRED if not shutil.which(p)]
+    if missing:
+        pytest.fail(f"real tier needs {', '.join(missing)} on PATH (the README's install step provides them)")
+    try:
+        import clang.cindex  # noqa: F401
+    except ImportError:
+        pytest.fail("real tier needs the libclang wheel (`pip install libclang`)")
+
+
+@pytest.fixture(scope="session")
+def trees():
+    """Fetch (cached) a tree per layout, on first use."""
+    cache = {}
+
+    def get(version: str, package: str = "llama-cpp-python") -> source.Tree:
+        key = (package, version)
+        if key not in cache:
+            cache[key] = source.fetch(package, version, progress=lambda s: None)
+        return cache[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def c2(trees):
+    return trees(source.DEFAULT_VERSION)
+
+
+@pytest.fixture(scope="session")
+def c2_base(c2):
+    """The default tree's llama-server, built once (cached across runs by tree content)."""
+    return build.build(git.Repo(c2.path), source.BASELINE_TAG)
+
+
+def clone(tree: source.Tree, dest: Path) -> git.Repo:
+    """A user's checkout: a real clone with its own branch, config and identity."""
+    subprocess.run(["git", "clone", "-q", str(tree.path), str(dest)], check=True)
+    repo = git.Repo(dest)
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test User")
+        cw.set_value("user", "email", "test@example.com")
+    return repo
+
+
+def snapshot(repo: git.Repo) -> dict:
+    """Everything a refusal must leave byte-identical."""
+    return {
+        "head": repo.head.commit.hexsha,
+        "branch": repo.active_branch.name if not repo.head.is_detached else None,
+        "branches": {h.name: h.commit.hexsha for h in repo.heads},
+        "status": repo.git.status("--porcelain", "--untracked-files=all"),
+        "index": repo.git.ls_files("--stage"),
+        "worktrees": repo.git.worktree("list", "--porcelain"),
+    }

@@ -1,0 +1,119 @@
+"""Issue 3: the apply engine on real trees of every layout, plus its refusals."""
+import subprocess
+import sys
+import time
+
+import git
+import pytest
+
+from toolkit import apply, build, check, patch
+from toolkit.errors import LayoutError, RepoError
+
+from .conftest import clone, snapshot
+
+LAYOUTS = {"0.3.16": "A", "0.3.28": "B", "0.3.32": "C", "0.3.35": "C2", "0.3.36": "D"}
+TIMES: dict[str, tuple[float, float]] = {}
+
+
+def opts(tmp_path):
+    # a throwaway workspace per test repo; ccache still shares compiled objects
+    return build.Options(workdir=tmp_path / "ws")
+
+
+@pytest.mark.parametrize("version", list(LAYOUTS))
+def test_layout_matrix(trees, tmp_path, version):
+    tree = trees(version)
+    repo = clone(tree, tmp_path / "repo")
+    main_sha = repo.head.commit.hexsha
+    t = time.monotonic()
+    res = apply.apply(repo, opts=opts(tmp_path))
+    t_apply = time.monotonic() - t
+    assert res.status == "applied" and res.layout == LAYOUTS[version]
+    assert repo.active_branch.name == "patchkit/evict-largest-slot"
+    assert repo.heads["main"].commit.hexsha == main_sha, "the user's branch must not move"
+    assert len(res.commits) == (3 if LAYOUTS[version] in ("C2", "D") else 2)
+    assert repo.git.status("--porcelain") == ""
+    text = (tmp_path / "repo" / res.file).read_text()
+    assert patch.state(text, patch.load_patch()) == "applied"
+
+    again = apply.apply(repo, opts=opts(tmp_path))
+    assert again.status == "already-applied" and repo.head.commit.hexsha == res.head_commit
+
+    t = time.monotonic()
+    ck = check.check(repo, opts=opts(tmp_path))
+    TIMES[version] = (t_apply, time.monotonic() - t)
+    assert not ck.errors, ck.errors
+    assert not ck.new_warnings, ck.new_warnings
+    assert all(c.status == "pass" for c in ck.static), ck.static
+
+    where, deleted = apply.revert(repo)
+    assert where == "main" and deleted
+    assert repo.active_branch.name == "main" and repo.head.commit.hexsha == main_sha
+    assert repo.git.diff(tree.commit, "--stat") == "" and repo.git.status("--porcelain") == ""
+    print(f"layout {LAYOUTS[version]}: apply {t_apply:.1f} s, check {TIMES[version][1]:.1f} s")
+
+
+def test_ik_llama_cpp_is_refused_with_its_reason(trees, tmp_path):
+    repo = clone(trees("0.1.5", "ik-llama-cpp-python"), tmp_path / "ik")
+    before = snapshot(repo)
+    res = subprocess.run([sys.executable, "-m", "toolkit", "apply", "--repo", str(tmp_path / "ik")],
+                         capture_output=True, text=True)
+    assert res.returncode == LayoutError.exit_code
+    assert "ik_llama.cpp (layout E)" in res.stderr and "process_batch_tokens" in res.stderr
+    assert "n_batch == 1 && ret == 1" in res.stderr
+    assert snapshot(repo) == before
+
+
+def test_dirty_tree_refused_and_untouched(c2, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    f = tmp_path / "repo" / "tools/server/server-context.cpp"
+    edited = f.read_bytes() + b"\n// work in progress\n"
+    f.write_bytes(edited)
+    (tmp_path / "repo" / "scratch.txt").write_bytes(b"mine\n")
+    before = snapshot(repo)
+    res = subprocess.run([sys.executable, "-m", "toolkit", "apply", "--repo", str(tmp_path / "repo")],
+                         capture_output=True, text=True)
+    assert res.returncode == RepoError.exit_code
+    assert "tools/server/server-context.cpp" in res.stderr and "scratch.txt" in res.stderr
+    assert snapshot(repo) == before
+    assert f.read_bytes() == edited and (tmp_path / "repo" / "scratch.txt").read_bytes() == b"mine\n"
+
+
+def test_unknown_layout_names_the_missing_anchor(c2, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    f = tmp_path / "repo" / "tools/server/server-context.cpp"
+    f.write_text(f.read_text().replace("n_batch == 1 && ret == 1", "n_batch == 0"))
+    repo.git.commit("-qam", "a fork that reworked the handler")
+    before = snapshot(repo)
+    with pytest.raises(LayoutError) as e:
+        apply.apply(repo, opts=opts(tmp_path))
+    assert "`n_batch == 1 && ret == 1` branch" in str(e.value)
+    assert snapshot(repo) == before
+
+
+def test_check_flag_writes_nothing(c2, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    before = snapshot(repo)
+    res = apply.apply(repo, check=True, opts=opts(tmp_path))
+    assert res.status == "checked" and res.diff.startswith("--- a/tools/server/server-context.cpp")
+    assert "+    bool patchkit_evict_one(int32_t off) {" in res.diff
+    assert snapshot(repo) == before
+
+
+@pytest.mark.parametrize("policy", ["smallest", "newest"])
+def test_other_policies_render_and_compile(c2, tmp_path, policy):
+    repo = clone(c2, tmp_path / "repo")
+    res = apply.apply(repo, policy=policy, opts=opts(tmp_path))
+    assert res.branch == f"patchkit/evict-largest-slot-{policy}"
+    ck = check.check(repo, opts=opts(tmp_path))
+    assert ck.ok, (ck.errors, ck.new_warnings, ck.static)
+
+
+def test_static_check_catches_the_broken_variant(c2, tmp_path):
+    """`check` must be able to fail: the no-remap variant is flagged."""
+    repo = clone(c2, tmp_path / "repo")
+    sha, _ = apply.candidate_commit(repo, c2.commit, variant="no-remap", opts=opts(tmp_path))
+    ck = check.check(repo, sha, opts=opts(tmp_path))
+    assert not ck.errors
+    failed = {c.name for c in ck.static if c.status == "fail"}
+    assert "indices-remapped" in failed and not ck.ok

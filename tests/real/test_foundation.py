@@ -1,0 +1,69 @@
+"""Issue 2: the real loop on the unpatched default tree."""
+import json
+import subprocess
+import sys
+import time
+
+import git
+
+from toolkit import build, source
+from toolkit.compare import EXCEEDED
+
+from .conftest import clone, snapshot
+
+
+def patchkit(*args, check=False, **kw):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, check=check, **kw)
+
+
+def test_source_fetch_is_cached(c2):
+    t = time.monotonic()
+    res = patchkit("source", "fetch", check=True)
+    assert time.monotonic() - t < 5
+    assert res.stdout.strip().splitlines()[-1] == str(c2.path)
+    repo = git.Repo(c2.path)
+    assert repo.git.rev_parse(source.BASELINE_TAG) == c2.commit
+    assert "vendor/llama.cpp baseline" in repo.commit(c2.commit).message
+
+
+def test_build_produces_server_and_compile_commands(c2_base):
+    assert c2_base.binary.exists()
+    assert c2_base.workspace.compile_commands.exists()
+    db = json.loads(c2_base.workspace.compile_commands.read_text())
+    assert any(e["file"].endswith("server-context.cpp") for e in db)
+    out = subprocess.run([str(c2_base.binary), "--version"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0
+
+
+def test_second_build_is_reused(c2, c2_base):
+    again = build.build(git.Repo(c2.path), source.BASELINE_TAG)
+    assert again.reused and again.binary == c2_base.binary
+
+
+def test_baseline_overflow_4_reproduces_the_bug(c2_base, tmp_path):
+    res = patchkit("verify", "--baseline-only", "--workload", "overflow-4", "--report-dir", str(tmp_path), "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    rep = json.loads(res.stdout)
+    run = rep["workloads"]["overflow-4"]["base"][0]
+    assert [o["outcome"] for o in run["outcomes"]] == ["errored"] * 4
+    assert {o["error"] for o in run["outcomes"]} == {EXCEEDED}
+    assert all(not o["done_seen"] for o in run["outcomes"]), "an in-band error ends the stream without [DONE]"
+    assert run["alive_after"] and run["followup_ok"]
+    assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
+
+
+def test_building_another_ref_leaves_the_checkout_alone(c2, c2_base, tmp_path):
+    repo = clone(c2, tmp_path / "user")
+    f = tmp_path / "user" / "tools/server/server-context.cpp"
+    repo.git.checkout("-q", "-b", "feature")
+    f.write_text(f.read_text() + "\n// a user's change\n")
+    repo.git.commit("-qam", "feature")
+    repo.git.checkout("-q", "main")
+    (tmp_path / "user" / "notes.txt").write_text("untracked, must survive\n")
+    before = snapshot(repo)
+    res = patchkit("build", "--repo", str(tmp_path / "user"), "--ref", "feature", "--build-dir", str(tmp_path / "ws"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    binary = res.stdout.strip().splitlines()[-1]
+    assert binary.endswith("llama-server")
+    assert snapshot(repo) == before
+    assert (tmp_path / "user" / "notes.txt").read_text() == "untracked, must survive\n"
