@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The README's two set-up commands:
+#   bash ci/run.sh demo    install what is needed, then run the main job on the embedded default
+#   bash ci/run.sh test    install what is needed, then run both test tiers (fast + real)
+# Idempotent: installs only what is missing. Caches live under PATCHKIT_CACHE (~/.cache/patchkit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for tool in git cmake ninja gcc g++ ccache; do
+  command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "==> installing system packages for: ${need[*]}" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git cmake ninja-build gcc g++ ccache >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if ! $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, pytest, hypothesis" 2>/dev/null \
+   || ! command -v patchkit >/dev/null 2>&1; then
+  echo "==> installing patchkit and its Python dependencies" >&2
+  $PY -m pip install -q --disable-pip-version-check -e '.[test]'
+fi
+
+case "${1:-}" in
+  demo) shift; exec patchkit demo "$@" ;;
+  test) shift; exec $PY -m pytest tests -ra "$@" ;;
+  *) echo "usage: bash ci/run.sh demo|test [args]" >&2; exit 2 ;;
+esac
