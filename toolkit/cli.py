@@ -335,3 +335,119 @@ def demo_cmd(repeat, report_dir, as_json) -> None:
         click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}")
         click.echo("PASS" if res.ok else "FAIL")
     sys.exit(0 if res.ok else 1)
+
+
+@cli.command("pin")
+@click.option("--pr-set", "pr_set", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The fork's pr-set.json (edited in place, everything else kept byte for byte).")
+@click.option("--url", required=True, help="https://github.com/OWNER/llama.cpp/pull/N/commits/<40 hex>")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="report.json of a passing `patchkit verify --commit <that sha>`.")
+@click.option("--optional", is_flag=True, help='Write {"url": ..., "required": false}.')
+@click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+@click.option("--owner", "owners", multiple=True, help="Allow another GitHub owner (default: ggml-org, unslothai).")
+@click.option("--json", "as_json", is_flag=True)
+def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> None:
+    """Pin a verified PR commit into pr-set.json: append a new PR, or move an existing PR's pin.
+
+    Refused (file untouched) when the URL is malformed, the file is not valid JSON, or the
+    report is missing, failing, or for another commit.
+
+    \b
+    Example:
+      patchkit verify --repo ~/llama.cpp --commit 59a3d0cb... --report-dir out/
+      patchkit pin --pr-set pr-set.json --report out/report.json \\
+          --url https://github.com/ggml-org/llama.cpp/pull/15926/commits/59a3d0cb...
+    """
+    from . import pin as pin_mod
+
+    allowed = pin_mod.OWNERS + tuple(owners)
+    res = pin_mod.pin(pr_set, url, report_path, optional=optional, dry_run=dry_run, owners=allowed)
+    if as_json:
+        _emit_json({"action": res.action, "url": res.url, "replaced": res.old, "written": res.changed and not dry_run})
+    else:
+        verb = {"added": "added", "replaced": f"replaced {res.old} with", "unchanged": "already pinned:"}[res.action]
+        click.echo(f"{'(dry run) would have ' if dry_run and res.changed else ''}{verb} {res.url}")
+
+
+@cli.command("ci")
+@click.option("--repo", type=click.Path(file_okay=False), required=True, help="llama.cpp checkout with the pinned commits fetched.")
+@click.option("--base", "base_ref", default=None, help="The base the nightly builds on (default HEAD).")
+@click.option("--pr-set", "pr_set", type=click.Path(dir_okay=False, path_type=Path), help="The changed pr-set.json.")
+@click.option("--old-pr-set", "old_pr_set", type=click.Path(dir_okay=False, path_type=Path),
+              help="pr-set.json before the change (absent: every pin is new).")
+@click.option("--url", "urls", multiple=True, help="Gate these pins instead (workflow_dispatch).")
+@click.option("--owner", "owners", multiple=True, help="Allow another GitHub owner.")
+@click.option("--workload", "workloads", multiple=True, help="Default: the suite.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-reports"))
+@click.option("--summary", type=click.Path(dir_okay=False, path_type=Path), envvar="GITHUB_STEP_SUMMARY",
+              help="Append the Markdown tables here (default: $GITHUB_STEP_SUMMARY).")
+def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, owners, workloads, repeat, report_dir, summary) -> None:
+    """The pin gate (what ci/pin-gate.yml runs): verify every added or moved pin, merged into the base.
+
+    Exit 0 when every pin passes, 1 when one fails.
+
+    \b
+    Example:
+      git -C llama.cpp fetch https://github.com/ggml-org/llama.cpp pull/15926/head
+      patchkit ci --repo llama.cpp --base b6500 --pr-set pr-set.json --old-pr-set old.json
+    """
+    from . import gate
+    from .pin import OWNERS, parse_url
+
+    ui = UI()
+    allowed = OWNERS + tuple(owners)
+    if urls:
+        pins = [parse_url(u, allowed) for u in urls]
+    elif pr_set:
+        old = old_pr_set.read_text() if old_pr_set and old_pr_set.exists() else None
+        pins = gate.changed_pins(old, pr_set.read_text(), allowed)
+    else:
+        raise UsageError("give --pr-set (and --old-pr-set) or --url.")
+    if not pins:
+        click.echo("no added or moved pins: nothing to gate.")
+        return
+    r = source.open_repo(repo)
+    results = gate.gate(r, pins, base_ref=base_ref, out_dir=report_dir.resolve(), ui=ui, repeat=repeat,
+                        workloads=list(workloads) or None)
+    md = "\n\n".join(g.markdown for g in results)
+    if summary:
+        with open(summary, "a") as fh:
+            fh.write(md + "\n")
+    for g in results:
+        click.echo(f"{'PASS' if g.ok else 'FAIL'} {g.pin.url} (reports: {g.report_dir})")
+    sys.exit(0 if all(g.ok for g in results) else 1)
+
+
+@cli.command("repro")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
+@click.option("--base", "base_ref", default=None, help="Base ref (default HEAD; the baseline on the fetched tree).")
+@click.option("--candidate", "cand_ref", default=None, help="Candidate ref: its diff is embedded in the script.")
+@click.option("--patch", "patch_name", default=None, help="Candidate: a patch from patches/ (the default).")
+@click.option("--patch-file", type=click.Path(dir_okay=False, path_type=Path), help="Candidate: embedded patch file.")
+@click.option("--commit", "commit_sha", default=None, help="Candidate commit: its diff is embedded.")
+@click.option("--workload", "workloads", multiple=True, help="Default: overflow-4 and victim-first.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
+@click.option("--patchkit-spec", default=None,
+              help="What the script pip-installs (a path, a git URL); default: this patchkit's source tree.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def repro_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, workloads, repeat, patchkit_spec, out):
+    """Write a self-contained bash script that reproduces the before/after table on a fresh machine.
+
+    Example: patchkit repro --repo ~/llama.cpp --candidate my-fix --out repro.sh && bash repro.sh
+    """
+    from . import repro
+
+    ui = UI()
+    if len([x for x in (cand_ref, patch_name, patch_file, commit_sha) if x]) > 1:
+        raise UsageError("give at most one of --candidate, --patch, --patch-file, --commit.")
+    r = _repo(repo, ui)
+    if base_ref is None and not repo:
+        base_ref = source.BASELINE_TAG
+    text = repro.render(r, base_ref=base_ref, candidate_ref=cand_ref, patch_name=patch_name, patch_file=patch_file,
+                        commit=commit_sha, workloads=list(workloads) or ["overflow-4", "victim-first"],
+                        repeat=repeat, patchkit_spec=patchkit_spec or repro.default_spec())
+    out.write_text(text)
+    out.chmod(0o755)
+    click.echo(str(out))

@@ -36,6 +36,7 @@ class Result:
     base_commit: str
     candidate_commit: str | None
     candidate_label: str
+    candidate_source: str | None  # the commit the candidate came from (--commit / --candidate): what pin checks
     policy: str
     layout: str | None
     results: tuple[WorkloadResult, ...]
@@ -52,7 +53,8 @@ Say = Callable[[str], None]
 
 def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, workloads: list[Workload], *,
               repeat: int = 1, work_dir: Path, opts: build_mod.Options = build_mod.Options(),
-              policy: str = "largest", candidate_label: str = "", layout: str | None = None,
+              policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
+              layout: str | None = None,
               say: Say = print, progress: Say = lambda s: None) -> Result:
     timings: list[tuple[str, float]] = []
 
@@ -100,7 +102,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
     timings.append(("workloads", time.monotonic() - t_runs))
-    return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, policy, layout,
+    return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
+                  policy, layout,
                   tuple(results), tuple(timings), tiny.sha256)
 
 
@@ -111,22 +114,24 @@ SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,
                       commit=None, policy="largest", variant=None, opts=build_mod.Options(),
-                      progress=lambda s: None) -> tuple[str, str, str | None]:
-    """(candidate commit, label, layout). With no option: the default patch on the base."""
+                      progress=lambda s: None) -> tuple[str, str, str | None, str | None]:
+    """(candidate commit, label, layout, source commit). With no option: the default patch on the base."""
     from . import apply as apply_mod
     from . import patch as patch_mod
     from .source import resolve
 
     if candidate_ref:
-        return resolve(repo, candidate_ref), f"ref {candidate_ref}", None
+        sha = resolve(repo, candidate_ref)
+        return sha, f"ref {candidate_ref}", None, sha
     if patch_file:
-        return apply_mod.from_patch_file(repo, base, patch_file), f"patch file {Path(patch_file).name}", None
+        return apply_mod.from_patch_file(repo, base, patch_file), f"patch file {Path(patch_file).name}", None, None
     if commit:
-        return apply_mod.from_commit(repo, base, commit), f"commit {commit} merged into base", None
+        sha = resolve(repo, commit)
+        return apply_mod.from_commit(repo, base, sha), f"commit {sha[:12]} merged into base", None, sha
     name = patch_name or patch_mod.DEFAULT_PATCH
     sha, an = apply_mod.candidate_commit(repo, base, name, policy, variant, opts, progress)
     layout = an.facts.layout if an.facts else None
-    return sha, f"patch {name}" + (f" (variant {variant})" if variant else ""), layout
+    return sha, f"patch {name}" + (f" (variant {variant})" if variant else ""), layout, None
 
 
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
@@ -135,13 +140,14 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
     from .source import resolve
 
     base = resolve(repo, base_ref)
-    cand, label, layout = None, "", None
+    cand, label, layout, src = None, "", None, None
     if not baseline_only:
         with ui.step("prepare candidate"):
-            cand, label, layout = resolve_candidate(repo, base, candidate_ref=candidate_ref, patch_name=patch_name,
+            cand, label, layout, src = resolve_candidate(repo, base, candidate_ref=candidate_ref, patch_name=patch_name,
                                                     patch_file=patch_file, commit=commit, policy=policy,
                                                     variant=variant, opts=opts, progress=ui.say)
         ui.say(f"candidate {cand[:12]}: {label}" + (f", layout {layout}" if layout else ""))
     with ui.step("builds and workloads"):
         return run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
-                         policy=policy, candidate_label=label, layout=layout, say=ui.say, progress=ui.progress)
+                         policy=policy, candidate_label=label, candidate_source=src, layout=layout, say=ui.say,
+                         progress=ui.progress)
