@@ -19,9 +19,10 @@ from pathlib import Path
 
 import jinja2
 
+from . import data_dir
 from .errors import LayoutError, PatchError, UsageError  # noqa: F401 (LayoutError re-exported)
 
-PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
+PATCHES_DIR = data_dir("patches")
 DEFAULT_PATCH = "evict-largest-slot"
 HELPER = "patchkit_evict_one"
 # Where each layout keeps the server's decode loop, newest first.

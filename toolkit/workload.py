@@ -21,10 +21,11 @@ from pathlib import Path
 import h11
 import httpx
 
+from . import data_dir
 from .errors import UsageError
 from .server import Server
 
-WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "workloads"
+WORKLOAD_DIR = data_dir("fixtures", "workloads")
 OUTCOMES = ("completed", "errored", "truncated", "crashed", "timeout")
 N_SPECIAL = 3  # the tiny model's first 3 ids are <unk> <s> </s>: never in prompts
 

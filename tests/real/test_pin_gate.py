@@ -1,0 +1,104 @@
+"""Issue 5 for real: the workflow lints clean, the gate runs end to end, the repro script runs."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from toolkit import apply
+
+from .conftest import clone
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "fixtures" / "pr-set.sample.json"
+
+
+def patchkit(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, **kw)
+
+
+def test_workflow_is_actionlint_clean():
+    exe = shutil.which("actionlint")
+    assert exe, "actionlint is missing: `pip install -e '.[test]'` installs it"
+    res = subprocess.run([exe, str(ROOT / "ci" / "pin-gate.yml")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # and it can fail: a broken copy is flagged
+    bad = ROOT / "ci" / "pin-gate.yml"
+    broken = bad.read_text().replace("runs-on: ubuntu-latest", "runs-on: [")
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "broken-pin-gate.yml"
+    tmp.write_text(broken)
+    assert subprocess.run([exe, str(tmp)], capture_output=True).returncode != 0
+
+
+def _pin_setup(c2, tmp_path, variant=None):
+    repo = clone(c2, tmp_path / "llama.cpp")
+    if variant:
+        sha, _ = apply.candidate_commit(repo, c2.commit, variant=variant)
+    else:
+        sha = apply.apply(repo).head_commit
+        repo.git.checkout("-q", "main")
+    url = f"https://github.com/ggml-org/llama.cpp/pull/99999/commits/{sha}"
+    new = tmp_path / "pr-set.json"
+    text = SAMPLE.read_text()
+    new.write_text(text.replace('3333333333333333333333333333333333333333"',
+                                f'3333333333333333333333333333333333333333",\n    "{url}"'))
+    return repo, sha, url, new
+
+
+def test_gate_then_pin_end_to_end(c2, c2_base, tmp_path):
+    repo, sha, url, new = _pin_setup(c2, tmp_path)
+    summary = tmp_path / "summary.md"
+    res = patchkit("ci", "--repo", str(tmp_path / "llama.cpp"), "--base", "main", "--pr-set", str(new),
+                   "--old-pr-set", str(SAMPLE), "--report-dir", str(tmp_path / "reports"), "--summary", str(summary),
+                   "--workload", "overflow-4", "--workload", "victim-middle")
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert f"PASS {url}" in res.stdout
+    md = summary.read_text()
+    assert "ggml-org#99999" in md and "| slot | prompt | base | candidate | error |" in md
+    report = next((tmp_path / "reports").glob("ggml-org-99999-*/report.json"))
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["candidate_source_commit"] == sha
+    # the passing report lets the pin land, in the fork's file
+    fork = tmp_path / "fork-pr-set.json"
+    fork.write_bytes(SAMPLE.read_bytes())
+    res = patchkit("pin", "--pr-set", str(fork), "--url", url, "--report", str(report))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(fork.read_text())["prs"][-1] == url
+    assert assert_only_tail_changed(SAMPLE.read_text(), fork.read_text())
+
+
+def assert_only_tail_changed(old: str, new: str) -> bool:
+    cut = old.rindex('"', 0, old.rindex("]")) + 1
+    return new.startswith(old[:cut]) and new.endswith(old[cut:])
+
+
+def test_gate_fails_a_broken_pin(c2, c2_base, tmp_path):
+    repo, sha, url, new = _pin_setup(c2, tmp_path, variant="no-remap")
+    res = patchkit("ci", "--repo", str(tmp_path / "llama.cpp"), "--base", "main", "--url", url,
+                   "--report-dir", str(tmp_path / "reports"), "--summary", str(tmp_path / "s.md"),
+                   "--workload", "victim-first")
+    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
+    assert f"FAIL {url}" in res.stdout
+    report = next((tmp_path / "reports").glob("*/report.json"))
+    fork = tmp_path / "fork.json"
+    fork.write_bytes(SAMPLE.read_bytes())
+    res = patchkit("pin", "--pr-set", str(fork), "--url", url, "--report", str(report))
+    assert res.returncode == 9 and "failing" in res.stderr
+    assert fork.read_bytes() == SAMPLE.read_bytes()
+
+
+def test_repro_script_end_to_end(c2, c2_base, tmp_path):
+    script = tmp_path / "repro.sh"
+    res = patchkit("repro", "--out", str(script), "--workload", "overflow-4", "--patchkit-spec", str(ROOT))
+    assert res.returncode == 0, res.stderr
+    env = dict(os.environ, WORK=str(tmp_path / "work"), PATCHKIT_VENV_FLAGS="--system-site-packages")
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=1800)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout
+    assert "overflow-4: ok" in out and out.strip().endswith("PASS")
+    row3 = next(l for l in out.splitlines() if l.strip().startswith("3 ") and "100" in l)
+    assert "errored" in row3 and "Context size has been exceeded." in row3
+    for slot in "012":
+        row = next(l for l in out.splitlines() if l.strip().startswith(f"{slot} "))
+        assert "completed 240/240" in row
