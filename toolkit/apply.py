@@ -60,8 +60,13 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
     st = patch.state(text.decode(errors="replace"), spec)
     if st != "clean":
         return Analysis(commit, rel, st, None, text, ws, 0.0)
-    db = codeindex.load_database(ws.compile_commands)
-    cmd = codeindex.command_for(db, ws.src / rel)
+    try:
+        cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), ws.src / rel)
+    except PatchError:
+        # stale or broken database: configure once more, then believe it
+        progress("compile_commands.json has no entry for the server TU; re-running CMake")
+        ws = build_mod.checkout(repo, commit, opts, progress, reconfigure=True)
+        cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), ws.src / rel)
     t = time.monotonic()
     progress(f"parsing {rel} with libclang")
     tu = codeindex.parse(cmd)

@@ -125,15 +125,17 @@ def adapt(repo: git.Repo, commit: str, opts: Options) -> Options:
 
 
 def checkout(repo: git.Repo, commit: str, opts: Options = Options(),
-             progress: ProgressFn = lambda s: None) -> Workspace:
-    """Fill the private work tree with `commit` and make sure CMake has configured it."""
+             progress: ProgressFn = lambda s: None, reconfigure: bool = False) -> Workspace:
+    """Fill the private work tree with `commit` and make sure CMake has configured it.
+    `reconfigure` re-runs CMake even if it ran before (a stale compile_commands.json)."""
     opts = adapt(repo, commit, opts)
     root = workspace_root(repo, opts)
     with cache.locked(root.with_suffix(".lock")):
-        return _checkout(repo, root, commit, opts, progress)
+        return _checkout(repo, root, commit, opts, progress, reconfigure)
 
 
-def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: ProgressFn) -> Workspace:
+def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: ProgressFn,
+              reconfigure: bool = False) -> Workspace:
     src, build, logp, index = root / "src", root / "build", root / "build.log", root / "index"
     src.mkdir(parents=True, exist_ok=True)
     tree = repo.git.rev_parse(f"{commit}^{{tree}}")
@@ -145,7 +147,8 @@ def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: 
     ws = Workspace(root, src, build, logp, commit, tree)
     flags = opts.cmake_flags()
     stamp = root / "configured-flags.json"
-    if not (build / "build.ninja").exists() or not stamp.exists() or json.loads(stamp.read_text()) != list(flags):
+    if (reconfigure or not (build / "build.ninja").exists() or not (build / "compile_commands.json").exists()
+            or not stamp.exists() or json.loads(stamp.read_text()) != list(flags)):
         progress("configuring with CMake")
         res = proc.stream(["cmake", "-S", src, "-B", build, "-G", "Ninja", *flags],
                           log_path=logp, env=_env(root), timeout=900)

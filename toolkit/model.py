@@ -75,10 +75,17 @@ def sha256_of(path: Path) -> str:
 def ensure(spec: ModelSpec = TINY, out: Path | None = None) -> Model:
     """Write the model to `out` (default: the cache) unless an identical file is there."""
     path = Path(out) if out else default_path(spec)
-    if out is None and path.exists():
-        return Model(path, sha256_of(path), spec, len(vocabulary()))
+    sidecar = path.with_name(path.name + ".sha256")
+    if out is None and path.exists() and sidecar.exists():
+        digest = sha256_of(path)
+        if digest == sidecar.read_text().strip():
+            return Model(path, digest, spec, len(vocabulary()))
+        # truncated or edited on disk: it is ours to regenerate
     write(spec, path)
-    return Model(path, sha256_of(path), spec, len(vocabulary()))
+    digest = sha256_of(path)
+    if out is None:
+        sidecar.write_text(digest + "\n")
+    return Model(path, digest, spec, len(vocabulary()))
 
 
 def write(spec: ModelSpec, path: Path) -> None:

@@ -1,0 +1,227 @@
+"""Issue 6: bad input and faults. Each: a clear message, a documented exit code, the user's tree
+byte-identical, no llama-server left (the autouse fixture), no worktree left (snapshot)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from toolkit import apply, build, compare, model, server, workload
+from toolkit.errors import PatchError, ServerError
+
+from .conftest import clone, snapshot
+
+LONG = workload.parse({"name": "long", "server": {"ctx": 8192, "parallel": 2},
+                       "expect": {"base": "unchanged", "candidate": "unchanged", "integrity": False},
+                       "requests": [{"slot": 0, "prompt_len": 20, "n_predict": 3000},
+                                    {"slot": 1, "prompt_len": 20, "n_predict": 3000}]})
+
+
+def patchkit(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, env=env, **kw)
+
+
+def children(name: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-x", name], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_not_a_git_repository(tmp_path):
+    (tmp_path / "file.txt").write_text("x")
+    for cmd in (["apply"], ["build"], ["verify", "--baseline-only"], ["check"]):
+        res = patchkit(*cmd, "--repo", str(tmp_path))
+        assert res.returncode == 3, (cmd, res.stderr)
+        assert "is not a git repository" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["file.txt"]
+
+
+def test_detached_head_apply_and_revert(c2, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    repo.git.checkout("-q", "--detach")
+    sha = repo.head.commit.hexsha
+    res = apply.apply(repo, opts=build.Options(workdir=tmp_path / "ws"))
+    assert res.status == "applied" and repo.active_branch.name == res.branch
+    where, deleted = apply.revert(repo)
+    assert where == sha and deleted and repo.head.is_detached and repo.head.commit.hexsha == sha
+
+
+def test_missing_or_stale_compile_commands_is_regenerated(c2, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    opts = build.Options(workdir=tmp_path / "ws")
+    first = apply.analyze(repo, c2.commit, apply.patch.load_patch(), opts)
+    db = first.workspace.compile_commands
+    db.unlink()
+    assert apply.analyze(repo, c2.commit, apply.patch.load_patch(), opts).facts.layout == "C2"
+    db.write_text("[]")  # stale: no entry for the server TU
+    assert apply.analyze(repo, c2.commit, apply.patch.load_patch(), opts).facts.layout == "C2"
+
+
+def test_libclang_parse_errors_are_reported(c2, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    f = tmp_path / "repo" / "tools/server/server-context.cpp"
+    f.write_text(f.read_text().replace("struct server_batch {", "struct server_batch { int broken = ;", 1))
+    repo.git.commit("-qam", "does not compile")
+    before = snapshot(repo)
+    with pytest.raises(PatchError) as e:
+        apply.apply(repo, opts=build.Options(workdir=tmp_path / "ws"))
+    assert "libclang found" in str(e.value) and "server-context.cpp" in str(e.value)
+    assert e.value.exit_code == 5
+    assert snapshot(repo) == before
+
+
+def test_partially_applied_is_refused(c2, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    opts = build.Options(workdir=tmp_path / "ws")
+    apply.apply(repo, opts=opts)
+    f = tmp_path / "repo" / "tools/server/server-context.cpp"
+    text = f.read_text()
+    f.write_text(text.replace("// patchkit:evict-largest-slot end\n", "", 1))
+    repo.git.commit("-qam", "someone edited the patch")
+    before = snapshot(repo)
+    with pytest.raises(PatchError) as e:
+        apply.apply(repo, branch="again", opts=opts)
+    assert "only part of" in str(e.value)
+    assert snapshot(repo) == before
+
+
+def test_cmake_missing_is_named(c2, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("git", "python3", "gcc", "g++", "ninja"):
+        os.symlink(subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip(), bindir / tool)
+    repo = clone(c2, tmp_path / "repo")
+    env = dict(os.environ, PATH=str(bindir))
+    res = patchkit("build", "--repo", str(tmp_path / "repo"), "--build-dir", str(tmp_path / "ws"), env=env)
+    assert res.returncode == 8, res.stderr
+    assert "'cmake' was not found" in res.stderr
+
+
+def test_build_failure_names_the_first_error(c2, c2_base, tmp_path):
+    repo = clone(c2, tmp_path / "repo")
+    f = tmp_path / "repo" / "tools/server/server-context.cpp"
+    f.write_text(f.read_text() + "\n#error patchkit-test-breakage\n")
+    repo.git.commit("-qam", "broken")
+    before = snapshot(repo)
+    res = patchkit("build", "--repo", str(tmp_path / "repo"), "--build-dir", str(tmp_path / "ws"))
+    assert res.returncode == 6, res.stderr[-2000:]
+    assert "patchkit-test-breakage" in res.stderr and "Full log:" in res.stderr
+    assert snapshot(repo) == before
+    assert not children("ninja")
+
+
+def test_server_crash_at_start_and_missing_model(c2_base, tmp_path):
+    bad = tmp_path / "corrupt.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ServerError) as e:
+        server.Server(c2_base.binary, bad, ["-c", "256"], tmp_path / "s.log").start()
+    assert "exited with code" in str(e.value)
+    with pytest.raises(ServerError) as e:
+        server.Server(c2_base.binary, tmp_path / "missing.gguf", [], tmp_path / "m.log").start()
+    assert "does not exist" in str(e.value)
+
+
+def test_corrupt_cached_model_is_regenerated():
+    m = model.ensure()
+    data = m.path.read_bytes()
+    m.path.write_bytes(data[: len(data) // 2])
+    again = model.ensure()
+    assert again.sha256 == m.sha256 and again.path.read_bytes() == data
+
+
+def test_port_in_use(c2_base, tmp_path):
+    m = model.ensure()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServerError):
+            server.Server(c2_base.binary, m.path, ["-c", "256"], tmp_path / "p.log", port=port,
+                          ready_timeout=20).start()
+        # without a fixed port patchkit picks another one
+        with server.Server(c2_base.binary, m.path, ["-c", "256"], tmp_path / "q.log") as ep:
+            assert ep.port != port
+
+
+def _in_thread(fn):
+    box = {}
+    th = threading.Thread(target=lambda: box.setdefault("r", fn()))
+    th.start()
+    return th, box
+
+
+def _wait_child(name="llama-server", timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = children(name)
+        if pids:
+            return pids[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no {name} child appeared")
+
+
+def test_server_killed_mid_workload(c2_base, tmp_path):
+    m = model.ensure()
+    th, box = _in_thread(lambda: workload.run_once(c2_base.binary, m.path, LONG, tmp_path / "k.log", timeout=30))
+    pid = _wait_child()
+    time.sleep(0.6)  # ready + streaming
+    os.kill(pid, signal.SIGKILL)
+    th.join(60)
+    r = box["r"]
+    assert {o.outcome for o in r.outcomes} == {"crashed"}
+    assert not r.alive_after
+    failed = {c.name for c in compare.judge(LONG, "candidate", r).checks if c.status == "fail"}
+    assert {"no-crash", "serves-after", "all-completed"} <= failed
+
+
+def test_request_timeout_is_an_outcome(c2_base, tmp_path):
+    m = model.ensure()
+    th, box = _in_thread(lambda: workload.run_once(c2_base.binary, m.path, LONG, tmp_path / "t.log", timeout=2))
+    pid = _wait_child()
+    time.sleep(0.6)
+    os.kill(pid, signal.SIGSTOP)  # the server hangs: nothing arrives any more
+    try:
+        time.sleep(3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    th.join(60)
+    assert {o.outcome for o in box["r"].outcomes} == {"timeout"}
+
+
+@pytest.mark.parametrize("what", ["build", "verify"])
+def test_ctrl_c(c2, c2_base, tmp_path, what):
+    repo = clone(c2, tmp_path / "repo")
+    if what == "build":
+        f = tmp_path / "repo" / "tools/server/server-context.cpp"
+        f.write_text(f.read_text() + "\n// forces a recompile\n")
+        repo.git.commit("-qam", "edit")
+        args = ["build", "--repo", str(tmp_path / "repo"), "--build-dir", str(tmp_path / "ws")]
+        marker = "configuring"
+    else:
+        args = ["verify", "--repo", str(tmp_path / "repo"), "--baseline-only", "--workload", "overflow-8",
+                "--repeat", "30", "--report-dir", str(tmp_path / "rep")]
+        marker = "base run 2/"
+    before = snapshot(repo)
+    p = subprocess.Popen([sys.executable, "-m", "toolkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    seen = ""
+    deadline = time.monotonic() + 300
+    while marker not in seen and time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert marker in seen, seen[-2000:]
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    time.sleep(0.5)
+    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not leftovers, f"processes left behind: {leftovers}"
+    assert snapshot(repo) == before
