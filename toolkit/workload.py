@@ -448,7 +448,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
     if wl.server.draft:
         if draft is None:
             raise UsageError(f"workload {wl.name} needs a draft model.")
-        args += ["-md", str(draft), "--draft-max", "4", "--draft-min", "1"]
+        args += ["-md", str(draft)]  # flag names of draft sizes changed across layouts: defaults
     log_path.write_text("")
     srv = Server(binary, model, args, log_path)
     with srv as ep:

@@ -55,3 +55,12 @@ def test_integrity_oracle_catches_missing_remap(c2, c2_base, tmp_path, name):
         integrity = next(c for c in v.checks if c.name == "integrity")
         assert integrity.status == "fail", f"run {v.run_index}: a missing remap went unnoticed"
     assert not res.ok
+
+
+def test_speculative_workload_is_unchanged_by_the_patch(c2, c2_base, tmp_path):
+    """With drafts on, upstream fails straddling slots before n_batch reaches 1 (see the workload's
+    sizing note): the patch must not change a thing."""
+    res = run(c2, tmp_path, ["speculative"])
+    assert res.ok, [(v.side, c.name, c.detail) for v in res.results[0].verdicts for c in v.checks if not c.ok]
+    log = (tmp_path / "logs" / "speculative.base.0.log").read_text()
+    assert "draft acceptance" in log, "the draft model must actually speculate"
