@@ -1,6 +1,5 @@
 """Shared fixtures. Expensive things (trees, builds) are cached under PATCHKIT_CACHE and shared
 by every test of a run, and by later runs: one build per tree content."""
-import shutil
 import subprocess
 
 import pytest
@@ -13,8 +12,19 @@ def pytest_collection_modifyitems(items):
 
 
 def _llama_servers() -> set[int]:
+    """llama-server processes of this cache (another patchkit run on the machine is not ours)."""
+    from toolkit import cache
+
     out = subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
+    mine = set()
+    for pid in out.split():
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if str(cache.root()) in cmd:
+            mine.add(int(pid))
+    return mine
 
 
 @pytest.fixture(autouse=True)

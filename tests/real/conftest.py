@@ -67,3 +67,12 @@ def snapshot(repo: git.Repo) -> dict:
         "index": repo.git.ls_files("--stage"),
         "worktrees": repo.git.worktree("list", "--porcelain"),
     }
+
+
+@pytest.fixture(scope="session")
+def c2_patched(c2, c2_base):
+    """The default tree with the default patch: commit objects in the cached tree, binary cached."""
+    from toolkit import apply
+    repo = git.Repo(c2.path)
+    sha, _ = apply.candidate_commit(repo, c2.commit)
+    return build.build(repo, sha)
