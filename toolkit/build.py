@@ -188,7 +188,9 @@ def binary_store(tree: str, opts: Options) -> Path:
 
 
 def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
-          progress: ProgressFn = lambda s: None) -> Built:
+          progress: ProgressFn = lambda s: None, in_workspace: bool = False) -> Built:
+    """`in_workspace`: build even if the binary store has this tree, so the workspace's own
+    build dir (its static libraries) is complete: the property harness links against them."""
     commit = resolve(repo, ref)
     opts = adapt(repo, commit, opts)
     tree = repo.git.rev_parse(f"{commit}^{{tree}}")
@@ -196,7 +198,7 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
     root = workspace_root(repo, opts)
     with cache.locked(root.with_suffix(".lock")):
         start = time.monotonic()
-        if (store / TARGET).exists():
+        if (store / TARGET).exists() and not in_workspace:
             ws = Workspace(root, root / "src", root / "build", root / "build.log", commit, tree)
             return Built(store / TARGET, commit, tree, ws, 0.0, reused=True)
         ws = _checkout(repo, root, commit, opts, progress)

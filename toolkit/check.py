@@ -71,8 +71,13 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
     from clang.cindex import CursorKind as K
 
     _, methods = patch.declarations(tu)
-    source = Path(str(tu.spelling)).read_bytes()
+    main = str(tu.spelling)
+    source = Path(main).read_bytes()
     helper, hook_calls = None, 0
+    surgery_toks = ""
+    for c in tu.cursor.get_children():
+        if c.spelling == patch.SURGERY and c.is_definition() and c.location.file and str(c.location.file) == main:
+            surgery_toks = "".join(t.spelling for t in c.get_tokens())
     for _, m in methods:
         if m.spelling == patch.HELPER:
             helper = m
@@ -85,7 +90,7 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
         if c.kind == K.MEMBER_REF_EXPR:
             members.append((c.extent.start.offset, c.spelling, ""))
     names = [m for _, m, _ in members]
-    toks = "".join(t.spelling for t in helper.get_tokens())
+    toks = "".join(t.spelling for t in helper.get_tokens()) + surgery_toks
     checks = [Check("hook-called", "pass" if hook_calls == 1 else "fail",
                     f"{patch.HELPER}() called {hook_calls} time(s) from the decode handler")]
     removes_tokens = "tokens.resize(" in toks or "n_tokens=n_new" in toks
@@ -104,12 +109,12 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
         checks.append(Check("token-pointer-restored", "pass" if ok else "fail",
                             "tokens_ptr restored before render()" if ok
                             else "render() may write through the null token pointer of embd mode"))
-    remapped = names.count("i_batch") >= 2 and "n_removed_before[idx]" in toks
+    remapped = "indices.push_back(&s.i_batch)" in toks and "*idx-=n_removed_before[*idx]" in toks
     checks.append(Check("indices-remapped", "pass" if remapped else "fail",
                         "survivors' i_batch shifted past removed entries" if remapped
                         else "survivors' i_batch are not remapped: they sample stale indices"))
     if facts_like.get("has_spec_i_batch"):
-        ok = "spec_i_batch)" in toks and remapped
+        ok = "spec_i_batch)" in toks and "indices.push_back(&idx)" in toks and remapped
         checks.append(Check("spec-indices-remapped", "pass" if ok else "fail",
                             "spec_i_batch entries shifted too" if ok else "spec_i_batch not remapped"))
     return checks
@@ -168,3 +173,56 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
     layout = None
     return CheckResult(commit, rel, layout, tuple(errors), tuple(new), old, tuple(box.get("static", [])),
                        res.seconds, box.get("parse_s", 0.0))
+
+
+@dataclass(frozen=True)
+class PropertyResult:
+    commit: str
+    ok: bool
+    iterations: int
+    output: str
+    compile_s: float
+    run_s: float
+
+
+def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 20000,
+                   opts: build_mod.Options = build_mod.Options(), progress=lambda s: None) -> PropertyResult:
+    """Compile the patched TU's prefix (through the batch-surgery function) plus a random-batch
+    driver with the TU's own flags, link it against the tree's own static libraries, run it."""
+    spec = patch.load_patch()
+    commit = resolve(repo, ref)
+    # the tree's libraries must exist: build (cached per tree content; at worst one TU rebuild)
+    ws = build_mod.build(repo, commit, opts, progress, in_workspace=True).workspace
+    rel = patch.find_server_file(ws.src)
+    text = (ws.src / rel).read_text(errors="replace")
+    if patch.state(text, spec) != "applied":
+        raise PatchError(f"{rel} at {commit[:12]} does not carry '{spec.name}'.")
+    end_marker = f"// {spec.marker} end\n"
+    end = text.find(end_marker)
+    if f"static void {patch.SURGERY}(server_batch" not in text[:end]:
+        raise PatchError(f"{rel}: the property check drives server_batch layouts (C, C2, D); this tree's batch "
+                         "is a plain llama_batch (layouts A, B), covered by `check` and the workloads instead.")
+    batch_struct = re.search(r"struct server_batch \{.*?\n\};", text, re.S)
+    has_embd = bool(batch_struct and re.search(r"\bbool has_embd\b", batch_struct.group(0)))
+    facts = {"has_embd": has_embd}
+    driver = patch._env(spec).get_template("property.cpp.j2").render(
+        f=type("F", (), facts), surgery=patch.SURGERY)
+    out_dir = ws.root / "property"
+    out_dir.mkdir(exist_ok=True)
+    src = out_dir / "harness.cpp"
+    src.write_text(text[: end + len(end_marker)] + driver)
+    cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), ws.src / rel)
+    argv = [a for a in cmd.argv if Path(a).name != "ccache"]
+    argv = [a for a in argv if a != "-c"]
+    argv[argv.index("-o") + 1] = str(out_dir / "harness")
+    argv = [str(src) if Path(a).name == Path(rel).name else a for a in argv]
+    libs = sorted(str(p) for p in ws.build.rglob("lib*.a"))
+    argv += ["-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm"]
+    progress(f"compiling the property harness ({len(libs)} static libraries)")
+    res = proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
+    if res.rc != 0:
+        raise PatchError("the property harness did not compile: " + build_mod.first_error(res.err + res.out))
+    progress(f"running {iterations} random batches")
+    run = proc.run([str(out_dir / "harness"), str(iterations)], timeout=600, check=False)
+    return PropertyResult(commit, run.rc == 0 and run.out.startswith("ok"), iterations,
+                          (run.out + run.err).strip(), res.seconds, run.seconds)

@@ -271,8 +271,11 @@ def apply_cmd(repo, patch_name, policy, branch, dry, revert, as_json) -> None:
 @cli.command("check")
 @click.option("--repo", type=click.Path(file_okay=False), required=True)
 @click.option("--ref", default=None, help="The patched ref (default HEAD).")
+@click.option("--property", "prop", is_flag=True, help="Also compile and run the C++ property harness: the "
+              "patched batch surgery over random batches (needs the tree's libraries: builds once).")
+@click.option("--iterations", default=20000, show_default=True, type=click.IntRange(1, 10_000_000))
 @click.option("--json", "as_json", is_flag=True)
-def check_cmd(repo, ref, as_json) -> None:
+def check_cmd(repo, ref, prop, iterations, as_json) -> None:
     """Compile only the patched server TU (its compile_commands.json line) and check the patch statically.
 
     Fails on a compile error, on any warning inside the patch's regions, or on a broken
@@ -284,10 +287,14 @@ def check_cmd(repo, ref, as_json) -> None:
     ui = UI(quiet=as_json)
     r = source.open_repo(repo)
     res = check_mod.check(r, ref, progress=ui.say)
+    pres = check_mod.property_check(r, ref, iterations, progress=ui.say) if prop else None
+    ok = res.ok and (pres is None or pres.ok)
     if as_json:
-        _emit_json({"ok": res.ok, "commit": res.commit, "file": res.file, "errors": list(res.errors),
+        _emit_json({"ok": ok, "commit": res.commit, "file": res.file, "errors": list(res.errors),
                     "new_warnings": list(res.new_warnings), "old_warnings": res.old_warnings,
-                    "static": [c.__dict__ for c in res.static], "compile_s": round(res.compile_s, 2)})
+                    "static": [c.__dict__ for c in res.static], "compile_s": round(res.compile_s, 2),
+                    "property": None if pres is None else {"ok": pres.ok, "iterations": pres.iterations,
+                                                           "output": pres.output}})
     else:
         click.echo(f"{res.file} at {res.commit[:12]}: compiled in {res.compile_s:.1f} s, "
                    f"{len(res.errors)} error(s), {len(res.new_warnings)} new warning(s) "
@@ -296,8 +303,10 @@ def check_cmd(repo, ref, as_json) -> None:
             click.echo(f"  {e}")
         for c in res.static:
             click.echo(f"  {c.status:4s} {c.name}: {c.detail}")
-        click.echo("PASS" if res.ok else "FAIL")
-    sys.exit(0 if res.ok else 1)
+        if pres is not None:
+            click.echo(f"  {'pass' if pres.ok else 'fail'} property: {pres.output}")
+        click.echo("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
 
 
 @cli.command("demo")

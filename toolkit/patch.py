@@ -25,6 +25,7 @@ from .errors import LayoutError, PatchError, UsageError  # noqa: F401 (LayoutErr
 PATCHES_DIR = data_dir("patches")
 DEFAULT_PATCH = "evict-largest-slot"
 HELPER = "patchkit_evict_one"
+SURGERY = "patchkit_remove_entries"
 # Where each layout keeps the server's decode loop, newest first.
 SERVER_FILES = ("tools/server/server-context.cpp", "tools/server/server.cpp", "examples/server/server-context.cpp",
                 "examples/server/server.cpp")
@@ -50,6 +51,7 @@ class Facts:
     frees_cells: bool         # whether those statements free the slot's KV cells
     cache_tokens: str         # the slot's token-cache field (cleared with the cells)
     task_id: str              # expression (SLOT = a slot pointer) ordering slots by arrival
+    surgery_at: int           # byte offset: the free batch-surgery function goes here (before the server struct)
     helper_at: int            # byte offset: insert the helper method here
     helper_indent: str
     hook_at: int              # byte offset: just after '{' of the n_batch == 1 && ret == 1 branch
@@ -112,7 +114,8 @@ def _indent_at(text: bytes, offset: int) -> str:
 
 
 def declarations(tu) -> tuple[dict[str, dict[str, str]], list]:
-    """Main-file structs ({name: {field: type}}) and method definitions [(owner, cursor)]."""
+    """Main-file structs ({name: {field: type}}) and method definitions [(owner, cursor)].
+    The struct cursors themselves are in structs[name]["<cursor>"]."""
     from clang.cindex import CursorKind as K
 
     main = str(tu.spelling)
@@ -123,6 +126,7 @@ def declarations(tu) -> tuple[dict[str, dict[str, str]], list]:
             continue
         if top.kind in (K.STRUCT_DECL, K.CLASS_DECL) and top.is_definition():
             fields = structs.setdefault(top.spelling, {})
+            fields["<cursor>"] = top
             for ch in top.get_children():
                 if ch.kind == K.FIELD_DECL:
                     fields[ch.spelling] = ch.type.spelling
@@ -225,14 +229,13 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     else:
         layout = "C2" if has_embd else "C"
 
-    # the helper goes before the handler, above the comment block that documents it
-    m_start = _line_start(source, method.extent.start.offset)
-    while True:
-        prev = _line_start(source, m_start - 1) if m_start > 0 else 0
-        if prev < m_start and source[prev:m_start].strip().startswith(b"//"):
-            m_start = prev
-        else:
-            break
+    # the helper goes before the handler, the surgery before the server struct: each above the
+    # comment block that documents what follows
+    m_start = _above_comments(source, method.extent.start.offset)
+    owner_cursor = structs.get(owner, {}).get("<cursor>")
+    if owner_cursor is None:
+        raise LayoutError(_missing_msg(rel, [f"the definition of {owner}"]))
+    s_start = _above_comments(source, owner_cursor.extent.start.offset)
     body = next(ch for ch in branch.get_children() if ch.kind == K.COMPOUND_STMT)
     hook_at = body.extent.start.offset + 1
     first_stmt = next(iter(body.get_children()), None)
@@ -240,7 +243,19 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
         _indent_at(source, branch.extent.start.offset) + "    "
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
-                 cache_tokens, task_id, m_start, _indent_at(source, method.extent.start.offset), hook_at, hook_indent)
+                 cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
+                 hook_indent)
+
+
+def _above_comments(source: bytes, offset: int) -> int:
+    start = _line_start(source, offset)
+    while start > 0:
+        prev = _line_start(source, start - 1)
+        if source[prev:start].strip().startswith(b"//"):
+            start = prev
+        else:
+            break
+    return start
 
 
 def _missing_msg(rel: str, missing: list[str]) -> str:
@@ -267,7 +282,7 @@ def state(text: str, spec: PatchSpec) -> str:
     n = text.count(spec.marker)
     if n == 0:
         return "clean"
-    return "applied" if n == 4 else "partial"
+    return "applied" if n == 6 else "partial"  # three regions: surgery, helper, hook
 
 
 def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: str = "largest",
@@ -280,15 +295,17 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
             raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")
         params.update(spec.variants[variant])
     env = _env(spec)
-    ctx = dict(f=facts, marker=spec.marker, helper=HELPER, policy=policy, stage=stage, **params)
+    ctx = dict(f=facts, marker=spec.marker, helper=HELPER, surgery=SURGERY, policy=policy, stage=stage, **params)
+    surgery = env.get_template("surgery.cpp.j2").render(**ctx)
     helper = env.get_template("helper.cpp.j2").render(**ctx)
     hook = env.get_template("hook.cpp.j2").render(**ctx)
     helper = textwrap.indent(helper, facts.helper_indent, lambda l: l.strip() != "")
     hook = "\n" + textwrap.indent(hook.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "") + "\n"
-    # insert the later offset first so the earlier one stays valid
-    assert facts.helper_at < facts.hook_at
+    # insert at the latest offset first so the earlier ones stay valid
+    assert facts.surgery_at < facts.helper_at < facts.hook_at
     out = source[: facts.hook_at] + hook.encode() + source[facts.hook_at:]
-    return out[: facts.helper_at] + helper.encode() + out[facts.helper_at:]
+    out = out[: facts.helper_at] + helper.encode() + out[facts.helper_at:]
+    return out[: facts.surgery_at] + surgery.encode() + out[facts.surgery_at:]
 
 
 def stage_texts(source: bytes, facts: Facts, spec: PatchSpec, policy: str = "largest",

@@ -412,10 +412,12 @@ LAUNCH_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) .*launch_slot_: id +(\d+) "
 # threads add jitter of up to tens of ms (~100 steps of the tiny model), so a run whose
 # simultaneous requests were launched further apart than this is discarded and run again.
 MAX_LAUNCH_SPREAD_MS = 0.5
+MAX_OFFSET_ERROR_MS = 3.0  # requests with a start offset: how far their launch may drift from it
 
 
 def launch_spread_ms(log_text: str, wl: Workload) -> float:
-    """Largest gap between server-side launches of requests meant to start together."""
+    """Largest gap between server-side launches of requests meant to start together, or, scaled to
+    the same threshold, the largest drift of a later group from its intended start offset."""
     at: dict[int, float] = {}
     for line in log_text.splitlines():
         m = LAUNCH_RE.match(line)
@@ -423,10 +425,17 @@ def launch_spread_ms(log_text: str, wl: Workload) -> float:
             mins, secs, ms, us = (int(g) for g in m.groups()[:4])
             at[int(m.group(5))] = (mins * 60 + secs) * 1000 + ms + us / 1000
     worst = 0.0
-    for start in {r.start_ms for r in wl.requests}:
+    first: dict[int, float] = {}
+    for start in sorted({r.start_ms for r in wl.requests}):
         times = [at[r.slot] for r in wl.requests if r.start_ms == start and r.slot in at]
+        if times:
+            first[start] = min(times)
         if len(times) > 1:
             worst = max(worst, max(times) - min(times))
+    if len(first) > 1:
+        t0 = first[min(first)]
+        drift = max(abs((t - t0) - (start - min(first))) for start, t in first.items())
+        worst = max(worst, drift * MAX_LAUNCH_SPREAD_MS / MAX_OFFSET_ERROR_MS)
     return worst
 
 

@@ -7,7 +7,8 @@ import pytest
 from toolkit import patch
 from toolkit.errors import UsageError
 
-SRC = b"""struct server_context {
+SRC = b"""// the server
+struct server_context {
     // returns true = success
     bool decode(int32_t & n_batch, int32_t off) {
         if (ret != 0) {
@@ -22,6 +23,7 @@ SRC = b"""struct server_context {
 
 
 def facts(**kw):
+    surgery_at = 0
     helper_at = SRC.index(b"    // returns")
     hook_at = SRC.index(b"ret == 1) {") + len(b"ret == 1) {")
     base = dict(layout="C2", file="tools/server/server-context.cpp", handler="decode", off="off", ctx="ctx_tgt",
@@ -30,7 +32,7 @@ def facts(**kw):
                 terminate="if (slot.is_processing()) {\n    send_error(slot, err);\n    slot.release();\n"
                           "    slot.prompt_clear();\n}",
                 frees_cells=True, cache_tokens="prompt.tokens", task_id="(SLOT->task ? SLOT->task->id : -1)",
-                helper_at=helper_at, helper_indent="    ", hook_at=hook_at, hook_indent="                ")
+                surgery_at=surgery_at, helper_at=helper_at, helper_indent="    ", hook_at=hook_at, hook_indent="                ")
     base.update(kw)
     return patch.Facts(**base)
 
@@ -55,6 +57,7 @@ def test_every_layout_and_policy_renders(layout, policy):
     out = patch.render(SRC, f, SPEC, stage=3, policy=policy).decode()
     assert patch.state(out, SPEC) == "applied"
     assert out.count("patchkit_evict_one(") == 2  # definition + hook
+    assert out.count("patchkit_remove_entries(") == 2  # definition + call
     assert f"policy={policy}" in out
     assert f.retry in out
     assert "{{" not in out and "{%" not in out
@@ -91,7 +94,7 @@ def test_plain_layout_frees_cells_when_the_server_does_not():
 def test_broken_variant_skips_the_remap():
     good = patch.render(SRC, facts(), SPEC, stage=3).decode()
     bad = patch.render(SRC, facts(), SPEC, stage=3, variant="no-remap").decode()
-    assert "remap(s.i_batch)" in good and "remap(s.i_batch)" not in bad
+    assert "*idx -= n_removed_before[*idx];" in good and "*idx -= n_removed_before[*idx];" not in bad
 
 
 def test_unknown_policy_and_variant_refused():

@@ -74,7 +74,12 @@ def test_launch_spread():
         "0.00.115.000 I slot launch_slot_: id  2 | task 3 | processing task",
         "0.00.117.000 I slot launch_slot_: id  3 | task 4 | processing task",
     ])
+    # group 0-1: 0.05 ms apart; group 2-3: 2 ms apart (too much); group offset drift 0 ms
     assert workload.launch_spread_ms(log, wl) == pytest.approx(2.0)
+    late = log.replace("0.00.115.000", "0.00.160.000").replace("0.00.117.000", "0.00.160.010")
+    # the later group launched 60 ms after the first instead of 15: drift 45 ms, scaled 6x down
+    assert workload.launch_spread_ms(late, wl) == pytest.approx(45 * workload.MAX_LAUNCH_SPREAD_MS
+                                                                / workload.MAX_OFFSET_ERROR_MS)
 
 
 def test_request_body_pins_the_slot_and_is_greedy():

@@ -225,3 +225,18 @@ def test_ctrl_c(c2, c2_base, tmp_path, what):
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not leftovers, f"processes left behind: {leftovers}"
     assert snapshot(repo) == before
+
+
+def test_property_harness_passes_and_catches_the_broken_variant(c2, c2_base, tmp_path):
+    """The C++ property check (>= 20,000 random batches, token and embd mode) holds on the real
+    patch and fails on the no-remap variant: it can fail."""
+    from toolkit import check
+    repo = clone(c2, tmp_path / "repo")
+    opts = build.Options(workdir=tmp_path / "ws")
+    good = apply.apply(repo, opts=opts).head_commit
+    res = check.property_check(repo, good, 20000, opts=opts)
+    assert res.ok, res.output
+    assert res.output.startswith("ok 20000 batches") and "in embd mode" in res.output
+    bad, _ = apply.candidate_commit(repo, c2.commit, variant="no-remap", opts=opts)
+    res = check.property_check(repo, bad, 20000, opts=opts)
+    assert not res.ok and "FAIL iteration" in res.output and "points at original" in res.output
