@@ -179,9 +179,11 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per workload and side.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where report.json/md/html and server logs go (default: ./patchkit-report).")
+@click.option("--sanitize", default=None, help="Build both sides with address,undefined (the tree's own "
+              "LLAMA_SANITIZE_* options); any sanitizer report fails the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout, no progress.")
 def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, policy, variant, baseline_only,
-               workloads, repeat, report_dir, as_json) -> None:
+               workloads, repeat, report_dir, sanitize, as_json) -> None:
     """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
     Exit 0 when every expectation holds, 1 when one fails (report says which).
@@ -209,7 +211,8 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
     out_dir = (report_dir or Path("patchkit-report")).resolve()
     res = pipeline.verify(r, base_ref=base_ref, candidate_ref=cand_ref, patch_name=patch_name,
                           patch_file=patch_file, commit=commit_sha, baseline_only=baseline_only, policy=policy,
-                          variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui)
+                          variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
+                          opts=_build_options(sanitize, None))
     paths = report.write(res, out_dir)
     if as_json:
         _emit_json(report.to_json(res))

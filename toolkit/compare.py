@@ -50,6 +50,9 @@ def server_checks(run: Run) -> list[Check]:
                else f"server died (exit code {run.exit_code})"),
         _check("serves-after", run.followup_ok, "a request sent afterwards completed" if run.followup_ok
                else "a request sent afterwards did not complete"),
+        _check("no-sanitizer-findings", not run.sanitizer,
+               "no AddressSanitizer/UBSan report in the server log" if not run.sanitizer
+               else f"{len(run.sanitizer)} finding(s), first: {run.sanitizer[0]}"),
     ]
 
 

@@ -36,6 +36,7 @@ def _run_json(r: Run) -> dict:
         "events": [asdict(e) for e in r.events],
         "alive_after": r.alive_after, "followup_ok": r.followup_ok, "exit_code": r.exit_code,
         "wall_s": round(r.wall, 3), "log": r.log, "attempts": r.attempts, "launch_spread_ms": r.launch_spread_ms,
+        "sanitizer": list(r.sanitizer),
         "occupancy": [[round(s.t, 3), s.slot, s.cells, s.processing] for s in r.samples],
     }
 

@@ -6,6 +6,7 @@ including errors and Ctrl-C.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -68,7 +69,11 @@ class Server:
                     *self.args]
             with open(self.log_path, "a") as fh:
                 fh.write(f"\n# patchkit: start attempt {attempt + 1}\n")
-            self.child = proc.Spawned(argv, log_path=self.log_path)
+            # sanitizer builds: report memory errors, not the upstream's leaks at exit; keep running
+            # after a UBSan report so the whole log is read
+            env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "detect_leaks=0"),
+                       UBSAN_OPTIONS=os.environ.get("UBSAN_OPTIONS", "print_stacktrace=1"))
+            self.child = proc.Spawned(argv, log_path=self.log_path, env=env)
             try:
                 self._wait_ready(port)
             except ServerError:

@@ -200,6 +200,15 @@ class Run:
     log: str
     attempts: int = 1            # runs discarded for a non-lock-step start, plus this one
     launch_spread_ms: float = 0.0
+    sanitizer: tuple[str, ...] = ()  # AddressSanitizer / UBSan findings in the server log
+
+
+SANITIZER_RE = re.compile(r"(ERROR: AddressSanitizer.*|runtime error: .*|ERROR: LeakSanitizer.*|"
+                          r"WARNING: ThreadSanitizer.*)")
+
+
+def sanitizer_findings(log_text: str) -> tuple[str, ...]:
+    return tuple(m.group(1).strip()[:300] for m in SANITIZER_RE.finditer(log_text))
 
 
 def _classify(req: Request, status, error, done, stop_type, truncated, predicted, n_tokens) -> str:
@@ -480,4 +489,4 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
         code = srv.returncode()
     text = log_path.read_text(errors="replace")
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
-               str(log_path))
+               str(log_path), sanitizer=sanitizer_findings(text))

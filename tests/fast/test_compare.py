@@ -117,3 +117,16 @@ def test_policies():
     ev = Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))
     assert compare.expected_victim(ev, "largest", WL) == {3}
     assert compare.expected_victim(ev, "smallest", WL) == {0}
+
+
+def test_sanitizer_findings_fail_the_run():
+    from toolkit.workload import sanitizer_findings
+    log = ("0.01 W srv ...\n==123==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x6020\n"
+           "server-context.cpp:3650:17: runtime error: index 9 out of bounds for type 'int [8]'\n")
+    found = sanitizer_findings(log)
+    assert len(found) == 2 and "heap-buffer-overflow" in found[0]
+    r = patched_ok()
+    dirty = Run(r.workload, r.outcomes, r.samples, r.events, True, True, None, 0.3, "log", sanitizer=found)
+    checks = {c.name: c for c in compare.judge(WL, "candidate", dirty).checks}
+    assert checks["no-sanitizer-findings"].status == "fail" and "2 finding(s)" in checks["no-sanitizer-findings"].detail
+    assert sanitizer_findings("all good\n") == ()

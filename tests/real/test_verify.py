@@ -64,3 +64,23 @@ def test_speculative_workload_is_unchanged_by_the_patch(c2, c2_base, tmp_path):
     assert res.ok, [(v.side, c.name, c.detail) for v in res.results[0].verdicts for c in v.checks if not c.ok]
     log = (tmp_path / "logs" / "speculative.base.0.log").read_text()
     assert "draft acceptance" in log, "the draft model must actually speculate"
+
+
+def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
+    """The patched tree built with the tree's own ASan+UBSan options: zero findings (cost printed)."""
+    import time
+
+    from toolkit import apply, build, compare, model
+
+    repo = git.Repo(c2.path)
+    sha, _ = apply.candidate_commit(repo, c2.commit)
+    t = time.monotonic()
+    built = build.build(repo, sha, build.Options(sanitize=("address", "undefined")))
+    cost = time.monotonic() - t
+    for name in ["overflow-4", "victim-first", "overflow-8", "fits"]:
+        wl = workload.load(name)
+        r = workload.run(built.binary, model.ensure().path, wl, tmp_path / f"{name}.log")
+        v = compare.judge(wl, "candidate", r)
+        assert not r.sanitizer, r.sanitizer
+        assert all(c.status != "fail" for c in v.checks), [(c.name, c.detail) for c in v.checks if not c.ok]
+    print(f"sanitizer build: {cost:.0f} s ({'cached' if built.reused else 'built'})")
