@@ -21,14 +21,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sh(*args, env=None, cwd=None) -> float:
+def sh(*args, env=None, cwd=None, check=True) -> float:
     t = time.monotonic()
-    subprocess.run(list(args), check=True, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(list(args), check=check, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.monotonic() - t
 
 
 def pk(*args, env) -> float:
-    return sh(sys.executable, "-m", "toolkit", *args, env=env)
+    """Wall time of a patchkit command; verdicts are not this script's business (exit 1 is fine)."""
+    return sh(sys.executable, "-m", "toolkit", *args, env=env, check=False)
 
 
 def machine() -> str:
@@ -113,7 +114,7 @@ def main() -> None:
     w16.write_text('name = "overflow-16"\nsizing = "prompts 40..190 = 1840 + 16 x 240 = 5680 > 4608 -> evictions"\n'
                    '[server]\nctx = 4608\nparallel = 16\n[expect]\nbase = "all-error"\ncandidate = "one-victim"\n'
                    'integrity = false\n' + reqs)
-    t = pk("verify", "--workload", str(w16), "--report-dir", str(work / "s16"), env=env) if True else 0
+    t = pk("verify", "--workload", str(w16), "--report-dir", str(work / "s16"), env=env)
     rows.append(("verify overflow-16 (repeat 1)", f"{t:.1f} s", "verdicts not asserted here"))
     for k in (1, 3, 5):
         t = pk("verify", "--workload", "overflow-4", "--repeat", str(k), "--report-dir", str(work / f"k{k}"), env=env)
