@@ -80,7 +80,6 @@ def main() -> None:
     t_check = pk("check", "--repo", str(repo), env=env)
     # one compile of that TU with its own command line, for the ratio
     import json
-    import shlex
     from toolkit import build as b, codeindex
     import git
     ws = b.checkout(git.Repo(repo), "HEAD")

@@ -8,7 +8,6 @@ leaves the checkout, branch and index exactly as they were.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import tempfile
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import git
 
 from . import build as build_mod
-from . import codeindex, patch, proc
+from . import codeindex, patch
 from .errors import PatchError, RepoError, UsageError
 from .source import BOT, current_branch, dirty_files, resolve
 
@@ -154,7 +153,7 @@ def apply(repo: git.Repo, *, patch_name: str = patch.DEFAULT_PATCH, policy: str 
         raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
     dirty = dirty_files(repo)
     if dirty and not check:
-        raise RepoError(f"the working tree has uncommitted changes; refusing to touch it. Files: "
+        raise RepoError("the working tree has uncommitted changes; refusing to touch it. Files: "
                         + ", ".join(dirty[:10]) + (" ..." if len(dirty) > 10 else "") + ".",
                         hint="Commit or stash them first; nothing was changed.")
     base = resolve(repo, "HEAD")

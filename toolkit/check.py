@@ -31,7 +31,6 @@ DIAG = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):(?P<col>\d+): (?P<sev>warni
 class CheckResult:
     commit: str
     file: str
-    layout: str | None
     errors: tuple[str, ...]
     new_warnings: tuple[str, ...]
     old_warnings: int
@@ -85,11 +84,6 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
             hook_calls += sum(1 for c in m.walk_preorder() if c.kind == K.CALL_EXPR and c.spelling == patch.HELPER)
     if helper is None:
         return [Check("helper-present", "fail", f"{patch.HELPER}() not found in the patched TU")]
-    members: list[tuple[int, str, str]] = []  # (offset, member, parent-call)
-    for c in helper.walk_preorder():
-        if c.kind == K.MEMBER_REF_EXPR:
-            members.append((c.extent.start.offset, c.spelling, ""))
-    names = [m for _, m, _ in members]
     toks = "".join(t.spelling for t in helper.get_tokens()) + surgery_toks
     checks = [Check("hook-called", "pass" if hook_calls == 1 else "fail",
                     f"{patch.HELPER}() called {hook_calls} time(s) from the decode handler")]
@@ -170,8 +164,7 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
             old += 1
     if res.rc != 0 and not errors:
         errors.append(f"compiler exit code {res.rc}: " + build_mod.first_error(res.err + res.out))
-    layout = None
-    return CheckResult(commit, rel, layout, tuple(errors), tuple(new), old, tuple(box.get("static", [])),
+    return CheckResult(commit, rel, tuple(errors), tuple(new), old, tuple(box.get("static", [])),
                        res.seconds, box.get("parse_s", 0.0))
 
 

@@ -13,7 +13,6 @@ import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
 
 from . import proc
 from .errors import EnvironmentProblem, PatchError
@@ -94,22 +93,11 @@ def parse(cmd: CompileCommand, unsaved: str | None = None):
         raise EnvironmentProblem(f"libclang is not installed ({e}); `pip install libclang`.")
     index = cindex.Index.create()
     files = [(str(cmd.file), unsaved)] if unsaved is not None else None
-    opts = cindex.TranslationUnit.PARSE_SKIP_FUNCTION_BODIES * 0  # bodies are what we anchor on
-    tu = index.parse(str(cmd.file), args=clang_args(cmd), unsaved_files=files, options=opts)
+    # function bodies are parsed: they are what the anchors are
+    tu = index.parse(str(cmd.file), args=clang_args(cmd), unsaved_files=files)
     errors = [d for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error]
     if errors:
         shown = "; ".join(f"{d.location.file}:{d.location.line}: {d.spelling}" for d in errors[:5])
         raise PatchError(f"libclang found {len(errors)} error(s) parsing {cmd.file.name}: {shown}",
                          hint="The tree does not compile with its own flags, or the build dir is stale.")
     return tu
-
-
-def main_file_cursors(tu) -> Iterator:
-    """Top-level (and namespace/class-nested) declarations that live in the main file."""
-    main = str(tu.spelling)
-    stack = [c for c in tu.cursor.get_children()]
-    while stack:
-        c = stack.pop(0)
-        if not c.location.file or str(c.location.file) != main:
-            continue
-        yield c

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .workload import Event, Outcome, Run, Workload
+from .workload import Event, Run, Workload
 
 EXCEEDED = "Context size has been exceeded."
 

@@ -11,10 +11,9 @@
 """
 from __future__ import annotations
 
-import re
 import textwrap
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
@@ -85,7 +84,7 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
 def find_server_file(root: Path) -> str:
     for rel in SERVER_FILES:
         p = root / rel
-        if p.exists() and EXCEEDED.encode() in p.read_bytes() or (p.exists() and "process_batch_tokens" in p.read_text(errors="replace")):
+        if p.exists() and (EXCEEDED.encode() in p.read_bytes() or b"process_batch_tokens" in p.read_bytes()):
             return rel
     raise LayoutError(f"none of {', '.join(SERVER_FILES)} in {root} holds the server's decode loop.",
                       hint="Is this a llama.cpp tree?")

@@ -6,7 +6,7 @@ nothing itself. The CLI prints what it returns; report.py writes it to disk.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 

@@ -211,16 +211,13 @@ def sanitizer_findings(log_text: str) -> tuple[str, ...]:
     return tuple(m.group(1).strip()[:300] for m in SANITIZER_RE.finditer(log_text))
 
 
-def _classify(req: Request, status, error, done, stop_type, truncated, predicted, n_tokens) -> str:
+def _classify(req: Request, error, stop_type, truncated, predicted) -> str:
     if error is not None:
         return "errored"
     if stop_type is None:
         return "crashed"  # the stream ended with neither a final chunk nor an error
-    if truncated or (stop_type == "limit" and predicted is not None and predicted < req.n_predict):
-        return "truncated"
-    if predicted is not None and predicted < req.n_predict and stop_type != "eos":
-        return "truncated"
-    return "completed"
+    short = predicted is not None and predicted < req.n_predict and stop_type != "eos"
+    return "truncated" if truncated or short else "completed"
 
 
 class _Exchange:
@@ -318,8 +315,7 @@ class _Exchange:
             self.tokens = list(body.get("tokens") or [])
             self._final(body)
             self.done = True
-        self._end(_classify(self.req, self.status, self.error, self.done, self.stop_type, self.truncated,
-                            self.predicted, len(self.tokens)), self.error)
+        self._end(_classify(self.req, self.error, self.stop_type, self.truncated, self.predicted), self.error)
 
     def _end(self, kind: str, error: str | None) -> None:
         self.kind, self.error, self.finished = kind, error, True

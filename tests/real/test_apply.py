@@ -3,7 +3,6 @@ import subprocess
 import sys
 import time
 
-import git
 import pytest
 
 from toolkit import apply, build, check, patch

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -94,7 +93,7 @@ def test_cmake_missing_is_named(c2, tmp_path):
     bindir.mkdir()
     for tool in ("git", "python3", "gcc", "g++", "ninja"):
         os.symlink(subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip(), bindir / tool)
-    repo = clone(c2, tmp_path / "repo")
+    clone(c2, tmp_path / "repo")
     env = dict(os.environ, PATH=str(bindir))
     res = patchkit("build", "--repo", str(tmp_path / "repo"), "--build-dir", str(tmp_path / "ws"), env=env)
     assert res.returncode == 8, res.stderr

@@ -1,5 +1,4 @@
 """Randomized overflow workloads on the patched binary (hypothesis; bounded in count and time)."""
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
