@@ -18,8 +18,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if ! $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, pytest, hypothesis" 2>/dev/null \
-   || ! command -v patchkit >/dev/null 2>&1; then
+if ! $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, pytest, hypothesis, json_source_map" 2>/dev/null \
+   || ! command -v patchkit >/dev/null 2>&1 || ! command -v actionlint >/dev/null 2>&1; then
   echo "==> installing patchkit and its Python dependencies" >&2
   $PY -m pip install -q --disable-pip-version-check -e '.[test]'
 fi
