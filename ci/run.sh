@@ -18,8 +18,11 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if ! $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, pytest, hypothesis, json_source_map" 2>/dev/null \
-   || ! command -v patchkit >/dev/null 2>&1 || ! command -v actionlint >/dev/null 2>&1; then
+# installed, with every dependency, and from THIS checkout (not another clone's editable install)
+here=$(pwd -P)
+installed=$(cd / && $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, pytest, hypothesis, \
+json_source_map, os; print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
+if [ "$installed" != "$here" ] || ! command -v patchkit >/dev/null 2>&1 || ! command -v actionlint >/dev/null 2>&1; then
   echo "==> installing patchkit and its Python dependencies" >&2
   $PY -m pip install -q --disable-pip-version-check -e '.[test]'
 fi
