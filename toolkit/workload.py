@@ -477,7 +477,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             stop.set()
             poller.join(5)
         wall = time.monotonic() - t0
-        alive = srv.alive()
+        alive = srv.healthy()  # alive AND answering: a killed server can still look alive for a moment
         followup_ok = False
         if alive:
             probe = Request(slot=wl.requests[0].slot, prompt=prompt_ids(8, 99), n_predict=8, stream=False)
