@@ -417,7 +417,7 @@ LAUNCH_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) .*launch_slot_: id +(\d+) "
 # threads add jitter of up to tens of ms (~100 steps of the tiny model), so a run whose
 # simultaneous requests were launched further apart than this is discarded and run again.
 MAX_LAUNCH_SPREAD_MS = 0.5
-MAX_OFFSET_ERROR_MS = 3.0  # requests with a start offset: how far their launch may drift from it
+MAX_OFFSET_ERROR_MS = 20.0  # later groups: drift from the intended offset (busy servers answer late)
 
 
 def launch_spread_ms(log_text: str, wl: Workload) -> float:

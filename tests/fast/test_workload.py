@@ -9,6 +9,7 @@ from toolkit.errors import UsageError
 def test_every_fixture_loads_and_documents_its_sizing(name):
     wl = workload.load(name)
     assert wl.requests and wl.description
+    assert wl.server.ctx % 256 == 0, "llama.cpp pads the KV size to 256: other sizes break the arithmetic"
     if wl.expect.candidate == "one-victim":
         assert "->" in wl.sizing, "an overflow workload writes its arithmetic next to it"
         demand = sum(len(r.prompt) + r.n_predict for r in wl.requests)
@@ -77,7 +78,7 @@ def test_launch_spread():
     # group 0-1: 0.05 ms apart; group 2-3: 2 ms apart (too much); group offset drift 0 ms
     assert workload.launch_spread_ms(log, wl) == pytest.approx(2.0)
     late = log.replace("0.00.115.000", "0.00.160.000").replace("0.00.117.000", "0.00.160.010")
-    # the later group launched 60 ms after the first instead of 15: drift 45 ms, scaled 6x down
+    # the later group launched 60 ms after the first instead of 15: drift 45 ms, scaled to the spread threshold
     assert workload.launch_spread_ms(late, wl) == pytest.approx(45 * workload.MAX_LAUNCH_SPREAD_MS
                                                                 / workload.MAX_OFFSET_ERROR_MS)
 
