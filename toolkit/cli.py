@@ -47,6 +47,12 @@ def main() -> None:
         proc.stop_all()
         print(e.render(), file=sys.stderr)
         sys.exit(e.exit_code)
+    except Exception as e:  # a bug: never exit 1, which means "an expectation failed"
+        proc.stop_all()
+        logging.getLogger("patchkit").debug("internal error", exc_info=True)
+        print(f"patchkit: internal error: {type(e).__name__}: {e} (run with -v for the traceback; "
+              "please report it).", file=sys.stderr)
+        sys.exit(PatchkitError.exit_code)
     finally:
         proc.stop_all()
 
