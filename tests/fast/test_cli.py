@@ -7,7 +7,7 @@ from toolkit.cli import cli
 
 
 @pytest.mark.parametrize("cmd", [[], ["source", "fetch"], ["model"], ["build"], ["apply"], ["check"], ["verify"],
-                                 ["demo"]])
+                                 ["demo"], ["pin"], ["repro"], ["ci"]])
 def test_help_has_an_example(cmd):
     res = CliRunner().invoke(cli, cmd + ["--help"])
     assert res.exit_code == 0, res.output
