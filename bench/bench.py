@@ -80,10 +80,10 @@ def main() -> None:
     t_check = pk("check", "--repo", str(repo), env=env)
     # one compile of that TU with its own command line, for the ratio
     import json
-    from toolkit import build as b, codeindex
+    from toolkit import build as b
     import git
     ws = b.checkout(git.Repo(repo), "HEAD")
-    cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), ws.src / "tools/server/server-context.cpp")
+    cmd = ws.compile_command("tools/server/server-context.cpp")
     argv = [a for a in cmd.argv if a != "ccache"]
     argv[argv.index("-o") + 1] = str(work / "tu.o")
     t_tu = sh(*argv, cwd=cmd.directory)

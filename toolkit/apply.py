@@ -8,16 +8,18 @@ leaves the checkout, branch and index exactly as they were.
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import git
 
 from . import build as build_mod
-from . import codeindex, patch
+from . import cache, codeindex, patch
 from .errors import PatchError, RepoError, UsageError
 from .source import BOT, current_branch, dirty_files, resolve
 
@@ -60,17 +62,37 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
     if st != "clean":
         return Analysis(commit, rel, st, None, text, ws, 0.0)
     try:
-        cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), ws.src / rel)
+        cmd = ws.compile_command(rel)
     except PatchError:
         # stale or broken database: configure once more, then believe it
         progress("compile_commands.json has no entry for the server TU; re-running CMake")
         ws = build_mod.checkout(repo, commit, opts, progress, reconfigure=True)
-        cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), ws.src / rel)
+        cmd = ws.compile_command(rel)
     t = time.monotonic()
-    progress(f"parsing {rel} with libclang")
-    tu = codeindex.parse(cmd)
-    facts = patch.analyze(tu, text, rel)
+    facts = _facts(ws, rel, cmd, text, progress)
     return Analysis(commit, rel, st, facts, text, ws, time.monotonic() - t)
+
+
+def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, text: bytes, progress) -> patch.Facts:
+    """The layout facts, parsed once per (tree, flags, analysing code): the libclang parse is ~3 s
+    of every warm verify otherwise. Keyed by the whole tree (headers shape the AST too) and by the
+    source of the modules that derive the facts, so editing them invalidates the entry."""
+    import importlib.metadata
+
+    code = "".join(Path(m.__file__).read_text() for m in (codeindex, patch))
+    flags = [a.replace(str(ws.root), "<workspace>") for a in cmd.argv]  # where it is configured is no fact
+    key = cache.digest(ws.tree, rel, flags, importlib.metadata.version("libclang"), code)
+    path = cache.sub("facts") / f"{key}.json"
+    try:
+        return patch.Facts(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass  # absent, or written by an older shape of Facts: parse
+    progress(f"parsing {rel} with libclang")
+    facts = patch.analyze(codeindex.parse(cmd), text, rel)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(facts)))
+    tmp.replace(path)  # atomic: a concurrent reader sees all of it or nothing
+    return facts
 
 
 def _precheck(repo: git.Repo, commit: str) -> None:
@@ -81,12 +103,8 @@ def _precheck(repo: git.Repo, commit: str) -> None:
             text = repo.git.show(f"{commit}:{rel}").encode()
         except git.GitCommandError:
             continue
-        if patch.EXCEEDED.encode() in text:
+        if patch.precheck(rel, text):
             return
-        if b"process_batch_tokens" in text:
-            raise patch.LayoutError(patch._missing_msg(rel, [f"the {patch.EXCEEDED} error",
-                                                             "the `n_batch == 1 && ret == 1` branch"]),
-                                    hint=patch._fork_hint(text))
     raise patch.LayoutError(f"no server decode loop found at {commit[:12]} (looked in {', '.join(patch.SERVER_FILES)}).",
                             hint="Is this a llama.cpp tree?")
 

@@ -26,7 +26,7 @@ from typing import Callable
 
 import git
 
-from . import cache, proc
+from . import cache, codeindex, proc
 from .errors import BuildError, UsageError
 from .source import resolve
 
@@ -84,6 +84,10 @@ class Workspace:
     @property
     def compile_commands(self) -> Path:
         return self.build / "compile_commands.json"
+
+    def compile_command(self, rel: str) -> codeindex.CompileCommand:
+        """How CMake compiles `rel` (repo-relative) here; PatchError when the database lacks it."""
+        return codeindex.command_for(codeindex.load_database(self.compile_commands), self.src / rel)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
     if patch.state(text, spec) != "applied":
         raise PatchError(f"{rel} at {commit[:12]} does not carry '{spec.name}'; apply it first "
                          "(`patchkit apply`) or pass --ref of the patched branch.")
-    cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), path)
+    cmd = ws.compile_command(rel)
     regions = marker_regions(text, spec.marker)
 
     # libclang parse (static checks) runs while the compiler works
@@ -198,13 +198,13 @@ def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 200
     batch_struct = re.search(r"struct server_batch \{.*?\n\};", text, re.S)
     has_embd = bool(batch_struct and re.search(r"\bbool has_embd\b", batch_struct.group(0)))
     facts = {"has_embd": has_embd}
-    driver = patch._env(spec).get_template("property.cpp.j2").render(
+    driver = patch.templates(spec).get_template("property.cpp.j2").render(
         f=type("F", (), facts), surgery=patch.SURGERY)
     out_dir = ws.root / "property"
     out_dir.mkdir(exist_ok=True)
     src = out_dir / "harness.cpp"
     src.write_text(text[: end + len(end_marker)] + driver)
-    cmd = codeindex.command_for(codeindex.load_database(ws.compile_commands), ws.src / rel)
+    cmd = ws.compile_command(rel)
     argv = [a for a in cmd.argv if Path(a).name != "ccache"]
     argv = [a for a in argv if a != "-c"]
     argv[argv.index("-o") + 1] = str(out_dir / "harness")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .workload import Event, Run, Workload
+from .workload import MAX_LAUNCH_SPREAD_MS, Event, Run, Workload
 
 EXCEEDED = "Context size has been exceeded."
 
@@ -54,6 +54,17 @@ def server_checks(run: Run) -> list[Check]:
                "no AddressSanitizer/UBSan report in the server log" if not run.sanitizer
                else f"{len(run.sanitizer)} finding(s), first: {run.sanitizer[0]}"),
     ]
+
+
+def lock_step(run: Run) -> Check:
+    """The sizing arithmetic holds only if requests meant to start together did (workload.run
+    starts the server again until they do; this says when no start managed it)."""
+    if run.launch_spread_ms <= MAX_LAUNCH_SPREAD_MS:
+        return Check("lock-step", "pass", f"launched {run.launch_spread_ms} ms apart (attempt {run.attempts})")
+    return Check("lock-step", "fail",
+                 f"no start in lock-step in {run.attempts} attempts (last spread {run.launch_spread_ms} ms > "
+                 f"{MAX_LAUNCH_SPREAD_MS} ms): this run is not the workload as sized, so its outcomes prove "
+                 "nothing; the machine is probably overloaded, run again")
 
 
 def all_error(run: Run) -> list[Check]:
@@ -176,7 +187,7 @@ def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None
         raise ValueError(f"unknown expectation '{mode}' in workload {wl.name}")
     if side == "candidate" and wl.expect.integrity:
         checks += integrity(run, control) if control else [Check("integrity", "skip", "no control run")]
-    return Verdict(wl.name, side, index, tuple(checks))
+    return Verdict(wl.name, side, index, (lock_step(run), *checks))
 
 
 @dataclass(frozen=True)

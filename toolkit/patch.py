@@ -257,6 +257,18 @@ def _above_comments(source: bytes, offset: int) -> int:
     return start
 
 
+def precheck(rel: str, source: bytes) -> bool:
+    """Cheap text test before any configure or parse: True when `source` (the file at `rel`) has
+    the context-exceeded error the anchors need; LayoutError, with the fork named, when it is a
+    server decode loop without it (ik_llama.cpp, layout E); False when it is not a server at all."""
+    if EXCEEDED.encode() in source:
+        return True
+    if b"process_batch_tokens" in source:
+        raise LayoutError(_missing_msg(rel, [f"the {EXCEEDED} error", "the `n_batch == 1 && ret == 1` branch"]),
+                          hint=_fork_hint(source))
+    return False
+
+
 def _missing_msg(rel: str, missing: list[str]) -> str:
     return f"{rel}: unknown layout; anchors not found: " + "; ".join(missing) + "."
 
@@ -271,7 +283,9 @@ def _fork_hint(source: bytes) -> str:
 
 # ------------------------------------------------------------------ rendering
 
-def _env(spec: PatchSpec) -> jinja2.Environment:
+def templates(spec: PatchSpec) -> jinja2.Environment:
+    """The patch's Jinja2 templates (StrictUndefined: a fact a template needs and the layout
+    lacks is an error, never an empty string in C++)."""
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(spec.root)), undefined=jinja2.StrictUndefined,
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
@@ -293,7 +307,7 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
         if variant not in spec.variants:
             raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")
         params.update(spec.variants[variant])
-    env = _env(spec)
+    env = templates(spec)
     ctx = dict(f=facts, marker=spec.marker, helper=HELPER, surgery=SURGERY, policy=policy, stage=stage, **params)
     surgery = env.get_template("surgery.cpp.j2").render(**ctx)
     helper = env.get_template("helper.cpp.j2").render(**ctx)

@@ -17,6 +17,7 @@ import time
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import h11
 import httpx
@@ -328,8 +329,14 @@ class _Exchange:
                        self.t_start, self.t_first, time.monotonic() - self.t0)
 
 
-def exchange(port: int, reqs: tuple[Request, ...], timeout: float) -> list[Outcome]:
-    """Send `reqs` (all at once, then each after its start_ms) and collect their outcomes."""
+class Abandoned(Exception):
+    """The caller's `abandon` check asked to give up on this exchange (a start not in lock-step)."""
+
+
+def exchange(port: int, reqs: tuple[Request, ...], timeout: float,
+             abandon: Callable[[], bool] | None = None) -> list[Outcome]:
+    """Send `reqs` (all at once, then each after its start_ms) and collect their outcomes.
+    `abandon` is asked after every wake-up; when it answers True the exchange raises Abandoned."""
     t0 = time.monotonic()
     pending: list[_Exchange] = []
     out: dict[int, Outcome] = {}
@@ -353,6 +360,8 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float) -> list[Outco
                 wait = min(wait, max(0.0, waiting[0].req.start_ms / 1000 - (time.monotonic() - t0)))
             for key, _ in sel.select(wait):
                 key.data.on_readable()
+            if abandon is not None and abandon():
+                raise Abandoned()
             for x in [x for x in active if x.finished or time.monotonic() - x.t_last > timeout]:
                 if not x.finished:
                     x._end("timeout", f"no data for {timeout:.0f} s")
@@ -397,38 +406,49 @@ def events_from_log(text: str) -> tuple[Event, ...]:
     return tuple(out)
 
 
-def _poll_slots(url: str, t0: float, stop: threading.Event, into: list[Sample]) -> None:
-    with httpx.Client(timeout=2.0) as client:
-        while not stop.is_set():
-            try:
-                data = client.get(url + "/slots").json()
-                t = time.monotonic() - t0
-                for s in data:
-                    into.append(Sample(t, int(s["id"]), int(s.get("n_prompt_tokens", 0) or 0),
-                                       bool(s.get("is_processing"))))
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                pass
-            stop.wait(0.02)
+def _poll_slots(srv: Server, t0: float, stop: threading.Event, into: list[Sample]) -> None:
+    # /slots is a task on the server's main loop: polling while the first requests are being
+    # launched would interleave with them, so the first poll waits until they are running
+    stop.wait(0.03)
+    while not stop.is_set():
+        try:
+            data = srv.get("/slots").json()
+            t = time.monotonic() - t0
+            for s in data:
+                into.append(Sample(t, int(s["id"]), int(s.get("n_prompt_tokens", 0) or 0),
+                                   bool(s.get("is_processing"))))
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+        stop.wait(0.02)
 
 
 LAUNCH_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) .*launch_slot_: id +(\d+) ")
 # Requests released together must start generating in the same server step: the sizing
 # arithmetic (and where in the batch the victim sits) assumes lock-step. The server's HTTP
-# threads add jitter of up to tens of ms (~100 steps of the tiny model), so a run whose
-# simultaneous requests were launched further apart than this is discarded and run again.
+# threads add jitter of up to tens of ms (~100 steps of the tiny model), so a start whose
+# simultaneous requests were launched further apart than this is abandoned and made again.
 MAX_LAUNCH_SPREAD_MS = 0.5
 MAX_OFFSET_ERROR_MS = 20.0  # later groups: drift from the intended offset (busy servers answer late)
+# A start that misses is abandoned as soon as its first group has launched (one server start,
+# ~60 ms), so attempts are cheap; measured on 2 cores: one start in three is in lock-step.
+ATTEMPTS = 40
 
 
-def launch_spread_ms(log_text: str, wl: Workload) -> float:
-    """Largest gap between server-side launches of requests meant to start together, or, scaled to
-    the same threshold, the largest drift of a later group from its intended start offset."""
+def launch_times(log_text: str) -> dict[int, float]:
+    """Slot id -> when the server launched its first task (ms, from the log's own clock)."""
     at: dict[int, float] = {}
     for line in log_text.splitlines():
         m = LAUNCH_RE.match(line)
         if m and int(m.group(5)) not in at:
             mins, secs, ms, us = (int(g) for g in m.groups()[:4])
             at[int(m.group(5))] = (mins * 60 + secs) * 1000 + ms + us / 1000
+    return at
+
+
+def launch_spread_ms(log_text: str, wl: Workload) -> float:
+    """Largest gap between server-side launches of requests meant to start together, or, scaled to
+    the same threshold, the largest drift of a later group from its intended start offset."""
+    at = launch_times(log_text)
     worst = 0.0
     first: dict[int, float] = {}
     for start in sorted({r.start_ms for r in wl.requests}):
@@ -444,19 +464,45 @@ def launch_spread_ms(log_text: str, wl: Workload) -> float:
     return worst
 
 
+class _FirstGroupWatch:
+    """`abandon` for exchange(): True once every request of the first group has launched and they
+    were launched more than MAX_LAUNCH_SPREAD_MS apart. Decides once, then stays quiet."""
+
+    def __init__(self, log_path: Path, wl: Workload):
+        start = min(r.start_ms for r in wl.requests)
+        self.log_path, self.slots = log_path, {r.slot for r in wl.requests if r.start_ms == start}
+        self.decided = len(self.slots) < 2
+
+    def __call__(self) -> bool:
+        if self.decided:
+            return False
+        at = launch_times(self.log_path.read_text(errors="replace"))
+        if not self.slots <= at.keys():
+            return False
+        self.decided = True
+        times = [at[s] for s in self.slots]
+        return max(times) - min(times) > MAX_LAUNCH_SPREAD_MS
+
+
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
-        timeout: float = 120.0, attempts: int = 8) -> Run:
-    """Run on a fresh server; re-run (up to `attempts`) while the start was not in lock-step."""
+        timeout: float = 120.0, attempts: int = ATTEMPTS) -> Run:
+    """Run on a fresh server; start again (up to `attempts` starts) while the start was not in
+    lock-step. The last attempt is always run to the end, and its spread is recorded in the Run,
+    so compare.py can say when no start was in lock-step."""
     for attempt in range(1, attempts + 1):
-        r = run_once(binary, model, wl, log_path, draft=draft, timeout=timeout)
+        last = attempt == attempts
+        try:
+            r = run_once(binary, model, wl, log_path, draft=draft, timeout=timeout, abandon_missed_start=not last)
+        except Abandoned:
+            continue
         spread = launch_spread_ms(Path(r.log).read_text(errors="replace"), wl)
-        if spread <= MAX_LAUNCH_SPREAD_MS or attempt == attempts or r.exit_code is not None:
+        if spread <= MAX_LAUNCH_SPREAD_MS or last or r.exit_code is not None:
             return replace(r, attempts=attempt, launch_spread_ms=round(spread, 3))
     raise AssertionError("unreachable")
 
 
 def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
-             timeout: float = 120.0) -> Run:
+             timeout: float = 120.0, abandon_missed_start: bool = False) -> Run:
     """A fresh server, every request, a follow-up probe, the server stopped."""
     args = wl.server.argv()
     if wl.server.draft:
@@ -469,10 +515,11 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
         t0 = time.monotonic()
         samples: list[Sample] = []
         stop = threading.Event()
-        poller = threading.Thread(target=_poll_slots, args=(ep.url, t0, stop, samples), daemon=True)
+        poller = threading.Thread(target=_poll_slots, args=(srv, t0, stop, samples), daemon=True)
         poller.start()
         try:
-            outcomes = exchange(ep.port, wl.requests, timeout)
+            watch = _FirstGroupWatch(log_path, wl) if abandon_missed_start else None
+            outcomes = exchange(ep.port, wl.requests, timeout, watch)
         finally:
             stop.set()
             poller.join(5)

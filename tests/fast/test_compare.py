@@ -43,6 +43,15 @@ def test_candidate_passes_with_evidence():
     assert v.ok, [c for c in v.checks if not c.ok]
 
 
+def test_start_not_in_lock_step_fails_the_verdict():
+    from dataclasses import replace
+    r = replace(patched_ok(), attempts=20, launch_spread_ms=3.2)
+    v = compare.judge(WL, "candidate", r, control=control())
+    failed = [c for c in v.checks if c.status == "fail"]
+    assert [c.name for c in failed] == ["lock-step"] and "20 attempts" in failed[0].detail
+    assert compare.judge(WL, "candidate", replace(r, launch_spread_ms=0.4), control=control()).ok
+
+
 def test_wrong_victim_is_caught():
     r = run([out(0), out(1), out(2, "errored", n=187, error=EXC), out(3)],
             [Event("evict", 0, 2, 267, ((0, 227), (1, 247), (3, 287)))])

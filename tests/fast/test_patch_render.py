@@ -115,7 +115,7 @@ def test_templates_are_strict():
             return broken[k]
 
     with pytest.raises((jinja2.UndefinedError, AttributeError)):
-        patch._env(SPEC).get_template("helper.cpp.j2").render(f=F(), marker="m", helper="h", policy="largest",
+        patch.templates(SPEC).get_template("helper.cpp.j2").render(f=F(), marker="m", helper="h", policy="largest",
                                                                stage=3, remap_indices=True)
 
 

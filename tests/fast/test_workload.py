@@ -83,6 +83,22 @@ def test_launch_spread():
                                                                 / workload.MAX_OFFSET_ERROR_MS)
 
 
+def test_first_group_watch_decides_once(tmp_path):
+    wl = workload.load("staggered")  # first group: slots 0 and 1
+    log = tmp_path / "server.log"
+    watch = workload._FirstGroupWatch(log, wl)
+    log.write_text("0.00.100.000 I slot launch_slot_: id  0 | task 1 | processing task\n")
+    assert watch() is False and not watch.decided  # slot 1 not launched yet: no decision
+    log.write_text(log.read_text() + "0.00.101.000 I slot launch_slot_: id  1 | task 2 | processing task\n")
+    assert watch() is True and watch.decided       # 1 ms apart: abandon this start
+    assert watch() is False                        # decided once; never asks twice
+    ok = workload._FirstGroupWatch(log, wl)
+    log.write_text(log.read_text().replace("0.00.101.000", "0.00.100.200"))
+    assert ok() is False and ok.decided             # 0.2 ms apart: keep going
+    single = workload._FirstGroupWatch(log, workload.load("single-slot"))
+    assert single.decided and single() is False      # one request: nothing to keep in step
+
+
 def test_request_body_pins_the_slot_and_is_greedy():
     r = workload.load("overflow-4").requests[2]
     body = r.body()

@@ -90,6 +90,25 @@ def test_unknown_layout_names_the_missing_anchor(c2, tmp_path):
     assert snapshot(repo) == before
 
 
+def test_layout_facts_are_parsed_once_per_tree(c2, tmp_path, monkeypatch):
+    repo = clone(c2, tmp_path / "repo")
+    spec = patch.load_patch()
+    first = apply.analyze(repo, c2.commit, spec, opts(tmp_path))  # parses (or an earlier test did)
+
+    def no_parse(cmd):
+        raise AssertionError("parsed again")
+    monkeypatch.setattr(apply.codeindex, "parse", no_parse)
+    # same tree, another workspace: the cached facts, no libclang
+    again = apply.analyze(repo, c2.commit, spec, build.Options(workdir=tmp_path / "ws2"))
+    assert again.facts == first.facts and again.facts.layout == "C2"
+    # a change anywhere in the tree (a header shapes the AST too) is a new key: parsed again
+    h = tmp_path / "repo" / "tools/server/server-context.h"
+    h.write_text(h.read_text() + "\n// a fork's edit\n")
+    repo.git.commit("-qam", "header edit")
+    with pytest.raises(AssertionError, match="parsed again"):
+        apply.analyze(repo, repo.head.commit.hexsha, spec, opts(tmp_path))
+
+
 def test_check_flag_writes_nothing(c2, tmp_path):
     repo = clone(c2, tmp_path / "repo")
     before = snapshot(repo)
