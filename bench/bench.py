@@ -86,10 +86,14 @@ def main() -> None:
     tree = source.fetch()
     repo = work / "repo"
     sh("git", "clone", "-q", str(tree.path), str(repo))
+    # the parse is what apply costs: forget the layout facts (a cache) so this apply parses
+    shutil.rmtree(home / "facts", ignore_errors=True)
     t_apply = pk("apply", "--repo", str(repo), env=env)
     t_apply2 = pk("apply", "--repo", str(repo), env=env)
+    sh("git", "clone", "-q", str(tree.path), str(work / "repo2"))
+    t_apply3 = pk("apply", "--repo", str(work / "repo2"), env=env)
     rows.append(("apply (configure on first use + parse + render + commit)", f"{t_apply:.1f} s",
-                 f"goal <= 8 s; second apply (no-op) {t_apply2:.1f} s"))
+                 f"goal <= 8 s; again (no-op) {t_apply2:.1f} s; another clone (facts cached) {t_apply3:.1f} s"))
     t_check = pk("check", "--repo", str(repo), env=env)
     # one compile of that TU with its own command line, for the ratio
     from toolkit import build as b
