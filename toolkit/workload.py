@@ -468,13 +468,19 @@ class _FirstGroupWatch:
     """`abandon` for exchange(): True once every request of the first group has launched and they
     were launched more than MAX_LAUNCH_SPREAD_MS apart. Decides once, then stays quiet."""
 
-    def __init__(self, log_path: Path, wl: Workload):
+    def __init__(self, log_path: Path, wl: Workload, patience: float = 1.0):
         start = min(r.start_ms for r in wl.requests)
         self.log_path, self.slots = log_path, {r.slot for r in wl.requests if r.start_ms == start}
         self.decided = len(self.slots) < 2
+        self.deadline = time.monotonic() + patience
 
     def __call__(self) -> bool:
         if self.decided:
+            return False
+        if time.monotonic() > self.deadline:
+            # a request of the group never launched (refused before a slot took it): stop
+            # re-reading the log on every wake-up; run() judges the spread at the end
+            self.decided = True
             return False
         at = launch_times(self.log_path.read_text(errors="replace"))
         if not self.slots <= at.keys():

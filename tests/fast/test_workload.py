@@ -95,6 +95,9 @@ def test_first_group_watch_decides_once(tmp_path):
     ok = workload._FirstGroupWatch(log, wl)
     log.write_text(log.read_text().replace("0.00.101.000", "0.00.100.200"))
     assert ok() is False and ok.decided             # 0.2 ms apart: keep going
+    late = workload._FirstGroupWatch(log, wl, patience=0.0)
+    log.write_text("0.00.100.000 I slot launch_slot_: id  0 | task 1 | processing task\n")
+    assert late() is False and late.decided        # slot 1 never launched in time: stop watching
     single = workload._FirstGroupWatch(log, workload.load("single-slot"))
     assert single.decided and single() is False      # one request: nothing to keep in step
 
