@@ -60,9 +60,10 @@ def lock_step(run: Run) -> Check:
     """The sizing arithmetic holds only if requests meant to start together did (workload.run
     starts the server again until they do; this says when no start managed it)."""
     if run.launch_spread_ms <= MAX_LAUNCH_SPREAD_MS:
-        return Check("lock-step", "pass", f"launched {run.launch_spread_ms} ms apart (attempt {run.attempts})")
+        return Check("lock-step", "pass", f"launched in one server pass: largest gap {run.launch_spread_ms} ms "
+                     f"(attempt {run.attempts})")
     return Check("lock-step", "fail",
-                 f"no start in lock-step in {run.attempts} attempts (last spread {run.launch_spread_ms} ms > "
+                 f"no start in lock-step in {run.attempts} attempts (last: launches {run.launch_spread_ms} ms apart > "
                  f"{MAX_LAUNCH_SPREAD_MS} ms): this run is not the workload as sized, so its outcomes prove "
                  "nothing; the machine is probably overloaded, run again")
 

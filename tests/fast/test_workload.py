@@ -83,6 +83,17 @@ def test_launch_spread():
                                                                 / workload.MAX_OFFSET_ERROR_MS)
 
 
+def test_launch_gaps_not_first_to_last():
+    wl = workload.load("overflow-8")  # 8 requests released together
+    one_pass = "\n".join(f"0.00.100.{100 * i:03d} I slot launch_slot_: id  {i} | task {i} | processing task"
+                         for i in range(8))  # 0.1 ms apart, 0.7 ms first to last: one pass (ASan-like)
+    assert workload.launch_spread_ms(one_pass, wl) == pytest.approx(0.1)
+    split = one_pass.replace("0.00.100.500", "0.00.101.600").replace("0.00.100.600", "0.00.101.700") \
+        .replace("0.00.100.700", "0.00.101.800")  # slots 5-7 a step later: a 1.2 ms gap
+    assert workload.launch_spread_ms(split, wl) == pytest.approx(1.2)
+    assert workload.launch_spread_ms(split, wl) > workload.MAX_LAUNCH_SPREAD_MS
+
+
 def test_first_group_watch_decides_once(tmp_path):
     wl = workload.load("staggered")  # first group: slots 0 and 1
     log = tmp_path / "server.log"

@@ -77,10 +77,12 @@ def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
     t = time.monotonic()
     built = build.build(repo, sha, build.Options(sanitize=("address", "undefined")))
     cost = time.monotonic() - t
+    starts = {}
     for name in ["overflow-4", "victim-first", "overflow-8", "fits"]:
         wl = workload.load(name)
         r = workload.run(built.binary, model.ensure().path, wl, tmp_path / f"{name}.log")
         v = compare.judge(wl, "candidate", r)
         assert not r.sanitizer, r.sanitizer
         assert all(c.status != "fail" for c in v.checks), [(c.name, c.detail) for c in v.checks if not c.ok]
-    print(f"sanitizer build: {cost:.0f} s ({'cached' if built.reused else 'built'})")
+        starts[name] = r.attempts
+    print(f"sanitizer build: {cost:.0f} s ({'cached' if built.reused else 'built'}); server starts {starts}")
