@@ -2,7 +2,8 @@
 
 A workload is a TOML file: server flags, requests (slot, prompt token ids, n_predict,
 stream, start offset) and the expectations that apply. Running one starts a fresh server,
-fires every request from its own thread at its start offset, polls /slots for per-slot KV
+writes every request on its own socket at its start offset (one selector loop, h11), starts
+again while the server did not launch them in lock-step, polls /slots for per-slot KV
 occupancy, and records one `Outcome` per request. Recording never raises: whatever a
 request experiences (HTTP error, in-band error, dropped stream, timeout) becomes data.
 """
