@@ -35,7 +35,6 @@ class Analysis:
     facts: patch.Facts | None     # None when already applied
     source: bytes
     workspace: build_mod.Workspace
-    parse_s: float
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
     text = (ws.src / rel).read_bytes()
     st = patch.state(text.decode(errors="replace"), spec)
     if st != "clean":
-        return Analysis(commit, rel, st, None, text, ws, 0.0)
+        return Analysis(commit, rel, st, None, text, ws)
     try:
         cmd = ws.compile_command(rel)
     except PatchError:
@@ -68,9 +67,7 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
         progress("compile_commands.json has no entry for the server TU; re-running CMake")
         ws = build_mod.checkout(repo, commit, opts, progress, reconfigure=True)
         cmd = ws.compile_command(rel)
-    t = time.monotonic()
-    facts = _facts(ws, rel, cmd, text, progress)
-    return Analysis(commit, rel, st, facts, text, ws, time.monotonic() - t)
+    return Analysis(commit, rel, st, _facts(ws, rel, cmd, text, progress), text, ws)
 
 
 def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, text: bytes, progress) -> patch.Facts:
