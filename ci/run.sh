@@ -6,22 +6,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# program -> Debian package; chromium renders report.html in the real tier (headless screenshot)
 need=()
-for tool in git cmake ninja gcc g++ ccache; do
-  command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
+for pair in git:git cmake:cmake ninja:ninja-build gcc:gcc g++:g++ ccache:ccache chromium:chromium; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
-  echo "==> installing system packages for: ${need[*]}" >&2
+  echo "==> installing system packages: ${need[*]} (apt-get; a minute or two)" >&2
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git cmake ninja-build gcc g++ ccache >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 PY=${PYTHON:-python3}
 # installed, with every dependency, and from THIS checkout (not another clone's editable install)
 here=$(pwd -P)
 installed=$(cd / && $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, pytest, hypothesis, \
-json_source_map, os; print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
+json_source_map, matplotlib, os; print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
 if [ "$installed" != "$here" ] || ! command -v patchkit >/dev/null 2>&1 || ! command -v actionlint >/dev/null 2>&1; then
   echo "==> installing patchkit and its Python dependencies" >&2
   $PY -m pip install -q --disable-pip-version-check -e '.[test]'

@@ -225,6 +225,15 @@ def revert(repo: git.Repo, branch: str | None = None) -> tuple[str, bool]:
     return ret, foreign == 0
 
 
+def series_base(repo: git.Repo, commit: str) -> str | None:
+    """The commit a patchkit series was applied on, when `commit` is (the tip of) such a series:
+    walk first parents while they carry the Patchkit-Patch trailer. None when it carries none."""
+    c, seen = repo.commit(commit), 0
+    while _trailer(c.message, TRAILER_PATCH) and c.parents:
+        c, seen = c.parents[0], seen + 1
+    return c.hexsha if seen else None
+
+
 def _trailer(message: str, key: str) -> str | None:
     m = re.search(rf"^{re.escape(key)}: (.+)$", message, re.M)
     return m.group(1).strip() if m else None

@@ -30,7 +30,7 @@ from . import cache, codeindex, proc
 from .errors import BuildError, UsageError
 from .source import resolve
 
-# DESIGN.md, "Measured facts": offline flags that work on every layout.
+# docs/DESIGN.md, section 8: offline flags that work on every layout.
 OFFLINE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",

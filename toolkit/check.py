@@ -4,7 +4,7 @@ The compile uses the TU's own compile_commands.json command line (output to a te
 in seconds instead of a build. A warning is "new" when it points into a region the patch
 inserted (between its markers), so one compile is enough: no baseline compile to diff.
 The static checks walk the patched helper with libclang and assert the invariants that
-a compiler cannot see (DESIGN.md): what is removed from the token list is removed from
+a compiler cannot see (docs/DESIGN.md, section 2): what is removed from the token list is removed from
 embd too; the token pointer is restored before a re-render; survivors' indices remapped.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Same parameters -> same bytes (seeded weights, fixed metadata). Vocabulary: 3 specials and
 ASCII pieces only, no byte tokens: every token decodes to valid UTF-8, which layout C2's
-output parser requires (DESIGN.md). Random weights are fine: patchkit tests the server's
+output parser requires (docs/DESIGN.md, section 8). Random weights are fine: patchkit tests the server's
 slot and KV bookkeeping, not the model's prose.
 """
 from __future__ import annotations

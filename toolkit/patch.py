@@ -302,7 +302,7 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
            variant: str | None = None) -> bytes:
     if policy not in spec.policies:
         raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
-    params = {"remap_indices": True}
+    params = {"remap_indices": True, "false_witness": False}
     if variant:
         if variant not in spec.variants:
             raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -193,6 +194,15 @@ class Spawned:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @contextmanager
+    def paused(self):
+        """SIGSTOP the child for the duration (every thread stops at once); SIGCONT always follows."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def returncode(self) -> int | None:
         return self.proc.poll()

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import jinja2
 
-from . import compare
+from . import compare, measure
 from .verify import Result, WorkloadResult
-from .workload import Run
+from .record import Run
+from .workload import Workload
 
 SCHEMA = 1
 TEMPLATES = jinja2.Environment(
@@ -124,31 +125,48 @@ def write(res: Result, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def timeline_svg(run: Run, width: int = 640, height: int = 220) -> str:
-    """Per-slot KV cells over time as an inline SVG polyline chart; evictions marked."""
-    if not run.samples:
-        return "<p>no occupancy samples</p>"
-    t_max = max(s.t for s in run.samples) or 1.0
-    c_max = max(max(s.cells for s in run.samples), 1)
-    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-    by_slot: dict[int, list] = {}
-    for s in run.samples:
-        by_slot.setdefault(s.slot, []).append(s)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 20}" '
-             f'viewBox="0 0 {width} {height + 20}">',
-             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fafafa" stroke="#ccc"/>']
-    for slot, pts in sorted(by_slot.items()):
-        xy = " ".join(f"{s.t / t_max * (width - 10) + 5:.1f},{height - s.cells / c_max * (height - 10) - 5:.1f}"
-                      for s in pts)
-        col = colours[slot % len(colours)]
-        parts.append(f'<polyline fill="none" stroke="{col}" stroke-width="1.5" points="{xy}"/>')
-        parts.append(f'<text x="{8 + 60 * slot}" y="{height + 15}" fill="{col}" font-size="11">slot {slot}</text>')
-    for o in run.outcomes:
-        if o.outcome == "errored":
-            x = o.t_end / t_max * (width - 10) + 5
-            parts.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height}" stroke="#d00" '
-                         f'stroke-dasharray="4 3"/><text x="{x + 3:.1f}" y="12" fill="#d00" font-size="11">'
-                         f'slot {o.slot} evicted/errored</text>')
-    parts.append(f'<text x="{width - 150}" y="{height + 15}" font-size="11">max {c_max} cells, {t_max:.2f} s</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)
+def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
+    """Per slot, the KV cells it holds (prompt + tokens streamed to it) against the time each token
+    arrived, from the per-token record: the window is the generation, where the overflow happens.
+    Measured overflows are marked with the victim; each slot's end is marked by how it ended.
+    matplotlib (Agg) renders it to an inline SVG."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    outs = [o for o in run.outcomes if o.token_t]
+    if not outs:
+        return "<p>no tokens were streamed in this run</p>"
+    fig = Figure(figsize=(8, 3.4), dpi=96)
+    ax = fig.add_subplot()
+    ends = {"completed": ("o", "#2a7d2a"), "errored": ("X", "#c00000"), "truncated": ("^", "#d08000")}
+    for o in outs:
+        ts = [1000 * t for t in o.token_t]
+        cells = [o.prompt_tokens + k for k in range(1, len(ts) + 1)]
+        line, = ax.plot(ts, cells, lw=1.4, label=f"slot {o.slot} (prompt {o.prompt_tokens})")
+        marker, colour = ends.get(o.outcome, ("s", "#555555"))
+        ax.plot([1000 * max(o.t_end, ts[-1]) if o.outcome == "errored" else ts[-1]], [cells[-1]], marker=marker,
+                color=colour, ms=8, mec="black", mew=0.6, zorder=5)
+    for ev in measure.overflows(run, wl):
+        x = 1000 * ev.t
+        ax.axvline(x, color="#c00000", ls="--", lw=1)
+        who = ", ".join(f"slot {s} ({ev.at(s).cells} cells)" for s in ev.terminated)
+        ax.annotate(f"overflow at off {ev.off}: {who} terminated", (x, ax.get_ylim()[1]), xytext=(-4, -12),
+                    textcoords="offset points", ha="right", fontsize=8, color="#c00000")
+    lo = min(1000 * o.token_t[0] for o in outs)
+    hi = max(1000 * o.t_end for o in outs)
+    ax.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+    ax.set_xlabel("time since the requests were released (ms)")
+    ax.set_ylabel("KV cells held (prompt + tokens)")
+    ax.axhline(run.pool, color="#888888", lw=0.8, ls=":")
+    ax.set_title(title or f"{run.workload}: cells per slot; end: o completed, X errored, ^ truncated", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, selectable
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]

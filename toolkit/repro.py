@@ -60,7 +60,8 @@ def origin(repo: git.Repo, base: str) -> TreeOrigin:
 def render(repo: git.Repo, *, base_ref: str | None, candidate_ref: str | None = None, patch_name: str | None = None,
            patch_file: Path | None = None, commit: str | None = None, workloads: list[str], repeat: int = 1,
            patchkit_spec: str = "patchkit") -> str:
-    base = resolve(repo, base_ref)
+    from .verify import choose_base
+    base, _ = choose_base(repo, base_ref, candidate_ref)
     org = origin(repo, base)
     diff = None
     if candidate_ref or commit:

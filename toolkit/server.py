@@ -121,6 +121,11 @@ class Server:
     def alive(self) -> bool:
         return bool(self.child and self.child.alive())
 
+    def paused(self):
+        """Context manager: the whole server process stopped (SIGSTOP), resumed on exit."""
+        assert self.child is not None
+        return self.child.paused()
+
     def returncode(self) -> int | None:
         return self.child.returncode() if self.child else None
 

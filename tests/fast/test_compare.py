@@ -1,113 +1,194 @@
-"""Expectations and oracles on recorded outcome data: no processes."""
-from toolkit import compare
-from toolkit.workload import Event, Outcome, Run, load
+"""Measurement -> verdict on recorded runs (made by tests/fast/sim.py, a forward model of the
+server's decode loop): no processes. Includes runs with large start skew, arrival jitter, and
+patches whose own log disagrees with what happened."""
+import random
+from dataclasses import replace
 
-EXC = compare.EXCEEDED
+import pytest
 
+from toolkit import compare, measure
+from toolkit.record import Event, Outcome, Run, sanitizer_findings
+from toolkit.workload import load
 
-def out(slot, kind="completed", n=240, tokens=None, error=None, n_predict=240):
-    toks = tuple(tokens if tokens is not None else range(100 + slot, 100 + slot + n))
-    return Outcome(slot, kind, 200, error, kind == "completed", "limit" if kind == "completed" else None, False,
-                   len(toks) if kind == "completed" else None, toks, 40, n_predict, 0.0, 0.01, 0.2)
+from .sim import EXC, simulate
 
-
-def run(outcomes, events=(), alive=True, followup=True, code=None):
-    return Run("w", tuple(outcomes), (), tuple(events), alive, followup, code, 0.3, "log")
-
-
-WL = load("overflow-4")
-
-
-def control():
-    return run([out(s) for s in range(4)])
+WL = load("overflow-4")          # prompts 40/60/80/100: victim last in the batch
+WF = load("victim-first")        # prompts 100/80/60/40: victim first, survivors must shift
+WM = load("victim-middle")       # prompts 60/100/80/40
 
 
-def patched_ok():
-    return run([out(0), out(1), out(2), out(3, "errored", n=187, error=EXC)],
-               [Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))])
+def prompts(wl):
+    return [len(r.prompt) for r in wl.requests]
+
+
+def sim(wl, **kw):
+    return simulate(prompts(wl), 240, wl.server.ctx, **kw)
+
+
+def control(wl=WL):
+    return simulate(prompts(wl), 240, 8192)
+
+
+def judge(wl, side="candidate", **kw):
+    ctl = kw.pop("control", control(wl))
+    return compare.judge(wl, side, sim(wl, patched=side == "candidate", **kw), control=ctl)
+
+
+def failed(v):
+    return {c.name: c.detail for c in v.checks if c.status == "fail"}
+
+
+def stalls(seed, p=0.05, longest=0.004):
+    """A loaded machine: now and then a slot's HTTP thread is not scheduled for up to `longest`
+    seconds; tokens sampled meanwhile arrive together when it wakes (late, never early)."""
+    rng = random.Random(seed)
+    wake: dict[int, float] = {}
+
+    def jitter(slot, k):
+        t = k * 0.0002
+        if wake.get(slot, 0) <= t and rng.random() < p:
+            wake[slot] = t + rng.random() * longest
+        return max(0.0, wake.get(slot, 0) - t) + rng.random() * 0.00003
+    return jitter
 
 
 def test_base_bug_reproduced():
-    v = compare.judge(WL, "base", run([out(s, "errored", n=187, error=EXC) for s in range(4)],
-                                      [Event("error-all", 1)]))
-    assert v.ok
+    assert judge(WL, "base").ok
 
 
 def test_base_without_bug_fails():
     v = compare.judge(WL, "base", control())
-    assert not v.ok and [c.name for c in v.checks if c.status == "fail"] == ["all-slots-errored"]
+    assert failed(v).keys() == {"all-slots-errored"}
 
 
-def test_candidate_passes_with_evidence():
-    v = compare.judge(WL, "candidate", patched_ok(), control=control())
-    assert v.ok, [c for c in v.checks if not c.ok]
+@pytest.mark.parametrize("wl", [WL, WF, WM], ids=lambda w: w.name)
+def test_candidate_passes_on_measurements(wl):
+    v = judge(wl)
+    assert v.ok, failed(v)
+    checks = {c.name: c for c in v.checks}
+    assert checks["witness-agrees"].status == "pass"
 
 
-def test_start_not_in_lock_step_fails_the_verdict():
-    from dataclasses import replace
-    r = replace(patched_ok(), attempts=20, launch_spread_ms=3.2)
+def test_measured_cells_and_offset_match_the_simulated_server():
+    ev, = measure.overflows(sim(WL), WL)
+    assert ev.terminated == (3,) and ev.off == 0 and ev.full
+    assert [(s.slot, s.cells, s.position) for s in ev.in_play] == [(0, 226, 0), (1, 246, 1), (2, 266, 2), (3, 286, 3)]
+
+
+@pytest.mark.parametrize("launch", [[0, 0, 1, 3], [0, 7, 2, 30], [9, 0, 3, 40], [0, 0, 60, 60]])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_large_start_skew_and_jitter_judged_on_measurement(launch, seed):
+    """Requests that started up to 60 steps apart and arrive with stalls: the measured victim is
+    still the policy's, whatever slot that turns out to be, and the verdict holds."""
+    r = sim(WL, launch=launch, jitter=stalls(seed))
+    evs = measure.overflows(r, WL)
+    truth = [e for e in r.events if e.kind == "evict"]
+    assert [e.terminated for e in evs] == [(t.victim,) for t in truth]
     v = compare.judge(WL, "candidate", r, control=control())
-    failed = [c for c in v.checks if c.status == "fail"]
-    assert [c.name for c in failed] == ["lock-step"] and "20 attempts" in failed[0].detail
-    assert compare.judge(WL, "candidate", replace(r, launch_spread_ms=0.4), control=control()).ok
+    assert v.ok, failed(v)
 
 
-def test_wrong_victim_is_caught():
-    r = run([out(0), out(1), out(2, "errored", n=187, error=EXC), out(3)],
-            [Event("evict", 0, 2, 267, ((0, 227), (1, 247), (3, 287)))])
-    failed = {c.name for c in compare.judge(WL, "candidate", r, control=control()).checks if c.status == "fail"}
-    assert failed == {"victim-is-largest", "victim-as-sized"}
+def test_false_witness_fails_on_measurement_even_with_jitter():
+    """The patch evicts the runner-up and logs it as the largest: the measurement says otherwise."""
+    for wl in (WL, WF, WM, load("staggered"), load("overflow-8")):
+        n = len(wl.requests)
+        r = simulate(prompts(wl), [r.n_predict for r in wl.requests], wl.server.ctx,
+                     launch=[0 if r.start_ms == 0 else 75 for r in wl.requests], lie=True, jitter=stalls(n))
+        v = compare.judge(wl, "candidate", r, control=simulate(prompts(wl), [r.n_predict for r in wl.requests], 8192))
+        f = failed(v)
+        assert "victim-is-largest" in f and "witness-agrees" in f, (wl.name, f)
+        assert "log says slot" in f["witness-agrees"] or "log names victims" in f["witness-agrees"]
 
 
-def test_two_victims_for_one_event_fail():
-    r = run([out(0), out(1), out(2, "errored", n=187, error=EXC), out(3, "errored", n=187, error=EXC)],
-            [Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))])
-    failed = {c.name for c in compare.judge(WL, "candidate", r, control=control()).checks if c.status == "fail"}
-    assert "one-victim-per-event" in failed
+def test_two_victims_in_one_step_fail():
+    v = judge(WL, evict_extra=True)
+    f = failed(v)
+    assert "one-victim-per-overflow" in f and "WRONG" in f["one-victim-per-overflow"]
+
+
+def test_shift_not_exercised_fails_for_shift_workloads_only():
+    # slot 0 (the victim) launched 1 step early: the pool fills at off 1, its entry already decoded
+    r = sim(WF, launch=[0, 1, 1, 1])
+    ev, = measure.overflows(r, WF)
+    assert ev.terminated == (0,) and ev.off >= 1
+    v = compare.judge(WF, "candidate", r, control=control(WF))
+    assert "already decoded" in failed(v)["shift-exercised"]
+    assert measure.shape(r, WF) is not None      # the runner would make this start again
+    assert measure.shape(sim(WF), WF) is None     # the designed start
+
+
+def test_patch_log_is_not_needed_but_must_agree():
+    v = judge(WL, log=False)
+    assert v.ok and {c.name: c.status for c in v.checks}["witness-agrees"] == "skip"
+    r = sim(WL)
+    e = r.events[0]
+    liar = replace(r, events=(replace(e, cells=e.cells + 5),))
+    assert "log says slot 3 held 291" in failed(compare.judge(WL, "candidate", liar, control=control()))["witness-agrees"]
+    wrong_off = replace(r, events=(replace(e, off=2),))
+    assert "log says off 2, measured 0" in failed(compare.judge(WL, "candidate", wrong_off, control=control()))[
+        "witness-agrees"]
+
+
+def test_snapshots_make_survivor_counts_exact():
+    r = sim(WF, launch=[0, 5, 1, 3], snapshots=(50, 90), jitter=stalls(7, p=0.3))
+    ev, = measure.overflows(r, WF)
+    assert all(s.spread == 0 and s.source in ("own stream", "/slots snapshot") for s in ev.in_play)
+    truth = r.events[0]
+    assert dict(truth.others) == {s.slot: s.cells for s in ev.in_play if s.slot != truth.victim}
 
 
 def test_short_survivor_fails():
-    r = run([out(0), out(1, "truncated", n=200), out(2), out(3, "errored", n=187, error=EXC)],
-            [Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))])
-    failed = {c.name for c in compare.judge(WL, "candidate", r).checks if c.status == "fail"}
-    assert "survivors-complete" in failed
+    r = sim(WL)
+    outs = list(r.outcomes)
+    outs[1] = replace(outs[1], outcome="truncated", tokens=outs[1].tokens[:200], token_t=outs[1].token_t[:200])
+    assert "survivors-complete" in failed(compare.judge(WL, "candidate", replace(r, outcomes=tuple(outs))))
 
 
 def test_integrity_reports_first_difference():
-    bad = list(range(101, 341))
+    r = sim(WF)
+    outs = list(r.outcomes)
+    bad = list(outs[1].tokens)
     bad[187] = 9
-    r = run([out(0), out(1, tokens=bad), out(2), out(3, "errored", n=187, error=EXC)],
-            [Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))])
-    checks = {c.name: c for c in compare.judge(WL, "candidate", r, control=control()).checks}
-    assert checks["integrity"].status == "fail"
-    assert "slot 1: differs from control at token 187" in checks["integrity"].detail
+    outs[1] = replace(outs[1], tokens=tuple(bad))
+    v = compare.judge(WF, "candidate", replace(r, outcomes=tuple(outs)), control=control(WF))
+    assert "slot 1: differs from control at token 187" in failed(v)["integrity"]
+
+
+def test_integrity_when_the_control_did_not_complete_says_so():
+    ctl = control()
+    broken = replace(ctl, outcomes=tuple(replace(o, outcome="errored") for o in ctl.outcomes))
+    v = compare.judge(WL, "candidate", sim(WL), control=broken)
+    assert "control did not complete" in failed(v)["integrity"]
 
 
 def test_victim_must_be_prefix_of_control():
-    victim = list(range(103, 103 + 187))
-    victim[5] = 0
-    r = run([out(0), out(1), out(2), out(3, "errored", tokens=victim, error=EXC)],
-            [Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))])
-    checks = {c.name: c for c in compare.judge(WL, "candidate", r, control=control()).checks}
-    assert checks["integrity"].status == "fail" and "victim" in checks["integrity"].detail
+    r = sim(WL)
+    outs = list(r.outcomes)
+    v_toks = list(outs[3].tokens)
+    v_toks[5] = 0
+    outs[3] = replace(outs[3], tokens=tuple(v_toks))
+    v = compare.judge(WL, "candidate", replace(r, outcomes=tuple(outs)), control=control())
+    assert "slot 3 (victim): differs from control at token 5" in failed(v)["integrity"]
 
 
 def test_dead_server_fails_even_if_outcomes_look_fine():
-    r = run(patched_ok().outcomes, patched_ok().events, alive=False, followup=False, code=-11)
-    failed = {c.name for c in compare.judge(WL, "candidate", r).checks if c.status == "fail"}
-    assert {"no-crash", "serves-after"} <= failed
+    r = replace(sim(WL), alive_after=False, followup_ok=False, exit_code=-11)
+    assert {"no-crash", "serves-after"} <= failed(compare.judge(WL, "candidate", r)).keys()
 
 
 def test_no_control_is_skip_not_pass():
-    checks = {c.name: c for c in compare.judge(WL, "candidate", patched_ok()).checks}
+    checks = {c.name: c for c in compare.judge(WL, "candidate", sim(WL)).checks}
     assert checks["integrity"].status == "skip"
 
 
 def test_same_as_base():
     wl = load("single-slot")
-    base = run([out(0, "truncated", n=156)])
-    assert compare.judge(wl, "candidate", run([out(0, "truncated", n=156)]), base=base).ok
-    assert not compare.judge(wl, "candidate", run([out(0, "truncated", n=150)]), base=base).ok
+
+    def one(n):
+        o = Outcome(0, "truncated", 200, None, True, "limit", True, n, tuple(range(n)), 40, 400, 0, 0, 0)
+        return Run("w", (o,), (), (), True, True, None, 0.3, "log")
+    assert compare.judge(wl, "candidate", one(156), base=one(156)).ok
+    assert not compare.judge(wl, "candidate", one(150), base=one(156)).ok
 
 
 def test_first_difference():
@@ -116,26 +197,25 @@ def test_first_difference():
     assert compare.first_difference([1, 5, 3], [1, 2, 3]) == 1
 
 
-def test_goodput_of_nothing_is_none():
+def test_goodput():
     assert compare.goodput([]) is None
-    g = compare.goodput([patched_ok()])
+    g = compare.goodput([sim(WL)])
     assert (g.tokens, g.completed, g.requests) == (240 * 3 + 187, 3, 4)
 
 
-def test_policies():
-    ev = Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))
-    assert compare.expected_victim(ev, "largest", WL) == {3}
-    assert compare.expected_victim(ev, "smallest", WL) == {0}
+def test_smallest_policy_measured():
+    r = simulate(prompts(WL), 240, 1024, policy="smallest")
+    ev, = measure.overflows(r, WL, "smallest")
+    assert ev.terminated == (0,) and ev.expected == (0,)
+    assert compare.judge(WL, "candidate", r, policy="smallest", control=control()).ok
+    assert "victim-is-largest" in failed(compare.judge(WL, "candidate", r, policy="largest"))
 
 
 def test_sanitizer_findings_fail_the_run():
-    from toolkit.workload import sanitizer_findings
     log = ("0.01 W srv ...\n==123==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x6020\n"
            "server-context.cpp:3650:17: runtime error: index 9 out of bounds for type 'int [8]'\n")
     found = sanitizer_findings(log)
     assert len(found) == 2 and "heap-buffer-overflow" in found[0]
-    r = patched_ok()
-    dirty = Run(r.workload, r.outcomes, r.samples, r.events, True, True, None, 0.3, "log", sanitizer=found)
-    checks = {c.name: c for c in compare.judge(WL, "candidate", dirty).checks}
-    assert checks["no-sanitizer-findings"].status == "fail" and "2 finding(s)" in checks["no-sanitizer-findings"].detail
+    dirty = replace(sim(WL), sanitizer=found)
+    assert "2 finding(s)" in failed(compare.judge(WL, "candidate", dirty))["no-sanitizer-findings"]
     assert sanitizer_findings("all good\n") == ()

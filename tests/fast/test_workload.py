@@ -1,7 +1,7 @@
 """Workload files, prompt ids, log parsing: no processes."""
 import pytest
 
-from toolkit import workload
+from toolkit import record, runner, workload
 from toolkit.errors import UsageError
 
 
@@ -62,55 +62,28 @@ def test_unknown_workload_lists_known():
 def test_events_from_log():
     log = ("0.01.3 W srv  patchkit_evi: patchkit-evict: slot=3 cells=287 off=0 others=0:227,1:247,2:267 policy=largest\n"
            "0.00.4 E srv  decode: Context size has been exceeded. off = 2, n_batch = 1, ret = 1\n")
-    ev = workload.events_from_log(log)
-    assert ev[0] == workload.Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))
+    ev = record.events_from_log(log)
+    assert ev[0] == record.Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))
     assert ev[1].kind == "error-all" and ev[1].off == 2
 
 
-def test_launch_spread():
-    wl = workload.load("staggered")  # slots 0-1 at 0 ms, 2-3 at 15 ms: spread is per group
+def test_launch_spread_is_the_largest_gap_of_the_first_group():
+    wl = workload.load("staggered")  # slots 0-1 at 0 ms, 2-3 at 15 ms: only 0-1 were released together
     log = "\n".join([
         "0.00.100.000 I slot launch_slot_: id  0 | task 1 | processing task",
         "0.00.100.050 I slot launch_slot_: id  1 | task 2 | processing task",
         "0.00.115.000 I slot launch_slot_: id  2 | task 3 | processing task",
         "0.00.117.000 I slot launch_slot_: id  3 | task 4 | processing task",
     ])
-    # group 0-1: 0.05 ms apart; group 2-3: 2 ms apart (too much); group offset drift 0 ms
-    assert workload.launch_spread_ms(log, wl) == pytest.approx(2.0)
-    late = log.replace("0.00.115.000", "0.00.160.000").replace("0.00.117.000", "0.00.160.010")
-    # the later group launched 60 ms after the first instead of 15: drift 45 ms, scaled to the spread threshold
-    assert workload.launch_spread_ms(late, wl) == pytest.approx(45 * workload.MAX_LAUNCH_SPREAD_MS
-                                                                / workload.MAX_OFFSET_ERROR_MS)
+    assert runner.launch_spread_ms(log, wl) == pytest.approx(0.05)
+    eight = "\n".join(f"0.00.100.{100 * i:03d} I slot launch_slot_: id  {i} | task {i} | processing task"
+                       for i in range(8))
+    assert runner.launch_spread_ms(eight, workload.load("overflow-8")) == pytest.approx(0.1)
 
 
-def test_launch_gaps_not_first_to_last():
-    wl = workload.load("overflow-8")  # 8 requests released together
-    one_pass = "\n".join(f"0.00.100.{100 * i:03d} I slot launch_slot_: id  {i} | task {i} | processing task"
-                         for i in range(8))  # 0.1 ms apart, 0.7 ms first to last: one pass (ASan-like)
-    assert workload.launch_spread_ms(one_pass, wl) == pytest.approx(0.1)
-    split = one_pass.replace("0.00.100.500", "0.00.101.600").replace("0.00.100.600", "0.00.101.700") \
-        .replace("0.00.100.700", "0.00.101.800")  # slots 5-7 a step later: a 1.2 ms gap
-    assert workload.launch_spread_ms(split, wl) == pytest.approx(1.2)
-    assert workload.launch_spread_ms(split, wl) > workload.MAX_LAUNCH_SPREAD_MS
-
-
-def test_first_group_watch_decides_once(tmp_path):
-    wl = workload.load("staggered")  # first group: slots 0 and 1
-    log = tmp_path / "server.log"
-    watch = workload._FirstGroupWatch(log, wl)
-    log.write_text("0.00.100.000 I slot launch_slot_: id  0 | task 1 | processing task\n")
-    assert watch() is False and not watch.decided  # slot 1 not launched yet: no decision
-    log.write_text(log.read_text() + "0.00.101.000 I slot launch_slot_: id  1 | task 2 | processing task\n")
-    assert watch() is True and watch.decided       # 1 ms apart: abandon this start
-    assert watch() is False                        # decided once; never asks twice
-    ok = workload._FirstGroupWatch(log, wl)
-    log.write_text(log.read_text().replace("0.00.101.000", "0.00.100.200"))
-    assert ok() is False and ok.decided             # 0.2 ms apart: keep going
-    late = workload._FirstGroupWatch(log, wl, patience=0.0)
-    log.write_text("0.00.100.000 I slot launch_slot_: id  0 | task 1 | processing task\n")
-    assert late() is False and late.decided        # slot 1 never launched in time: stop watching
-    single = workload._FirstGroupWatch(log, workload.load("single-slot"))
-    assert single.decided and single() is False      # one request: nothing to keep in step
+def test_shift_workloads_are_marked():
+    assert workload.load("victim-first").expect.shift and workload.load("victim-middle").expect.shift
+    assert not workload.load("overflow-4").expect.shift
 
 
 def test_request_body_pins_the_slot_and_is_greedy():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from toolkit import apply, build, compare, model, server, workload
+from toolkit import apply, build, compare, model, runner, server, workload
 from toolkit.errors import PatchError, ServerError
 
 from .conftest import clone, snapshot
@@ -165,7 +165,7 @@ def _wait_child(name="llama-server", timeout=30):
 
 def test_server_killed_mid_workload(c2_base, tmp_path):
     m = model.ensure()
-    th, box = _in_thread(lambda: workload.run_once(c2_base.binary, m.path, LONG, tmp_path / "k.log", timeout=30))
+    th, box = _in_thread(lambda: runner.run_once(c2_base.binary, m.path, LONG, tmp_path / "k.log", timeout=30))
     pid = _wait_child()
     time.sleep(0.6)  # ready + streaming
     os.kill(pid, signal.SIGKILL)
@@ -179,7 +179,7 @@ def test_server_killed_mid_workload(c2_base, tmp_path):
 
 def test_request_timeout_is_an_outcome(c2_base, tmp_path):
     m = model.ensure()
-    th, box = _in_thread(lambda: workload.run_once(c2_base.binary, m.path, LONG, tmp_path / "t.log", timeout=2))
+    th, box = _in_thread(lambda: runner.run_once(c2_base.binary, m.path, LONG, tmp_path / "t.log", timeout=2))
     pid = _wait_child()
     time.sleep(0.6)
     os.kill(pid, signal.SIGSTOP)  # the server hangs: nothing arrives any more

@@ -2,7 +2,7 @@
 import git
 import pytest
 
-from toolkit import verify, workload
+from toolkit import runner, verify, workload
 from toolkit.compare import EXCEEDED
 from toolkit.ui import UI
 
@@ -80,7 +80,7 @@ def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
     starts = {}
     for name in ["overflow-4", "victim-first", "overflow-8", "fits"]:
         wl = workload.load(name)
-        r = workload.run(built.binary, model.ensure().path, wl, tmp_path / f"{name}.log")
+        r = runner.run(built.binary, model.ensure().path, wl, tmp_path / f"{name}.log")
         v = compare.judge(wl, "candidate", r)
         assert not r.sanitizer, r.sanitizer
         assert all(c.status != "fail" for c in v.checks), [(c.name, c.detail) for c in v.checks if not c.ok]

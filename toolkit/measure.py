@@ -1,0 +1,274 @@
+"""Measured facts of a run, from the client's own records: no patch testimony.
+
+The client knows each request's prompt length and every token streamed to it, with its
+arrival time; /slots snapshots (taken by the server between two decode steps) add exact
+step alignment when one landed while the requests were generating. From these, for every
+overflow event (a request that got "Context size has been exceeded."):
+
+- which requests were in play (generating, not yet finished, not terminated earlier);
+- how many tokens each had sampled at the failing step: the terminated request's own count
+  is exact (its stream stops there); a survivor's is the terminated one's plus their step
+  offset (from a /slots snapshot: exact; else from arrival times: the median, with its
+  spread as the uncertainty);
+- the cells each held: prompt + sampled - 1 (the last sampled token is the batch entry not
+  yet decoded), +1 for entries decoded in this step before the failure offset;
+- the free cells when the step began = the offset where it failed: the batch halves down
+  to single entries and decodes until no cell is left, so `off == free` (< entries: full);
+- each one's position in the failing batch (generating slots, in slot order);
+- the policy's victim on these numbers, and its margin over the runner-up.
+
+Pure functions; compare.py turns them into verdicts, runner.py uses `shape()` to re-make a
+start that did not have the workload's designed shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .record import Outcome, Run, Sample
+from .workload import Workload
+
+EXCEEDED = "Context size has been exceeded."
+
+
+@dataclass(frozen=True)
+class Offset:
+    steps: int     # b's sampled count minus a's at the same server step
+    spread: int    # uncertainty (0: exact)
+    source: str    # "/slots snapshot" | "arrival times" | "none"
+
+
+@dataclass(frozen=True)
+class SlotAt:
+    slot: int
+    prompt: int
+    generated: int     # tokens sampled when the pool ran out
+    cells: int         # cells held when the server chose (see module doc)
+    position: int      # its entry's index in the failing batch
+    spread: int        # uncertainty of generated/cells (0: exact)
+    source: str        # "own stream" or the Offset's source
+
+
+@dataclass(frozen=True)
+class Overflow:
+    t: float                      # when the terminated request's error arrived
+    terminated: tuple[int, ...]   # slots that got the error in this step
+    in_play: tuple[SlotAt, ...]
+    pool: int
+    free: int                     # free cells when the step began == the failure offset
+    entries: int                  # entries in the failing batch
+    expected: tuple[int, ...]     # the policy's choice on these numbers
+    margin: int                   # cells between the choice and the runner-up
+    uncertainty: int              # summed spreads of the slots compared
+
+    @property
+    def full(self) -> bool:
+        return 0 <= self.free < self.entries
+
+    @property
+    def off(self) -> int:
+        return self.free
+
+    def at(self, slot: int) -> SlotAt | None:
+        return next((s for s in self.in_play if s.slot == slot), None)
+
+    def describe(self) -> str:
+        cells = ", ".join(f"{s.slot}:{s.cells}" + (f"±{s.spread}" if s.spread else "") for s in self.in_play)
+        return (f"t={self.t:.3f} s: terminated {list(self.terminated)}; in play (slot:cells) {cells}; "
+                f"pool {self.pool}, free {self.free} for {self.entries} entries -> off {self.off}")
+
+
+def _snapshots(samples: tuple[Sample, ...]) -> list[dict[int, Sample]]:
+    by_t: dict[float, dict[int, Sample]] = {}
+    for s in samples:
+        by_t.setdefault(s.t, {})[s.slot] = s
+    return [by_t[t] for t in sorted(by_t)]
+
+
+def _generating(s: Sample | None, n_predict: int) -> bool:
+    return s is not None and s.processing and 1 <= s.generated < n_predict
+
+
+def offset(a: Outcome, b: Outcome, samples: tuple[Sample, ...]) -> Offset:
+    """How many more tokens b had sampled than a at any one step while both were generating."""
+    seen = [snap[b.slot].generated - snap[a.slot].generated for snap in _snapshots(samples)
+            if _generating(snap.get(a.slot), a.n_predict) and _generating(snap.get(b.slot), b.n_predict)]
+    if seen:
+        return Offset(max(set(seen), key=seen.count), 0, "/slots snapshot")
+    return _align(a.token_t, b.token_t)
+
+
+def _align(ta: tuple[float, ...], tb: tuple[float, ...]) -> Offset:
+    """Step offset from arrival times alone. A token can arrive late (its HTTP thread was not
+    scheduled; it then comes in a burst with the ones queued behind it), never early, and both
+    streams get a token every step. At the true offset d, every pair (a's k-th, b's (k+d)-th)
+    left the server in the same step, so each pair where neither was late arrives together
+    (within a fraction of a step); at any other offset only coincidences do. So d is the offset
+    with the most coinciding pairs; offsets with at least half as many count as uncertainty."""
+    if len(ta) < 3 or len(tb) < 3:
+        return Offset(0, 0, "none")
+    step = _median([y - x for x, y in zip(ta, ta[1:])] + [y - x for x, y in zip(tb, tb[1:])]) or 1e-6
+    tol = step / 3
+    a, b = np.asarray(ta), np.asarray(tb)
+    hits: dict[int, int] = {}
+    for d in range(-len(a) + 1, len(b)):
+        lo, hi = max(0, -d), min(len(a), len(b) - d)
+        n = int(np.count_nonzero(np.abs(a[lo:hi] - b[lo + d:hi + d]) < tol))
+        if n:
+            hits[d] = n
+    if not hits:
+        return Offset(0, 0, "none")
+    best = max(hits, key=lambda d: (hits[d], -abs(d)))
+    near = [d for d, n in hits.items() if 2 * n >= hits[best]]
+    return Offset(best, max(abs(d - best) for d in near), "arrival times")
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else 0.0
+
+
+def _choose(slots: list[SlotAt], policy: str, wl: Workload) -> tuple[tuple[int, ...], int, int]:
+    if not slots:
+        return (), 0, 0
+    if policy == "newest":
+        starts = {r.slot: r.start_ms for r in wl.requests}
+        last = max(starts.get(s.slot, 0) for s in slots)
+        return tuple(s.slot for s in slots if starts.get(s.slot, 0) == last), 0, 0
+    sign = 1 if policy == "largest" else -1
+    ranked = sorted(slots, key=lambda s: sign * s.cells, reverse=True)
+    best = ranked[0]
+    tied = tuple(s.slot for s in ranked if s.cells == best.cells)
+    if len(ranked) == 1:
+        return tied, 0, best.spread
+    runner = next((s for s in ranked if s.cells != best.cells), ranked[-1])
+    return tied, abs(best.cells - runner.cells), best.spread + runner.spread
+
+
+def _batch(gen: dict[int, tuple[int, int, str]], terminated: set[int], outs: dict[int, Outcome],
+           pool: int) -> tuple[list[SlotAt], int, int]:
+    """The failing step's batch from everyone's sampled count: (slots in play, free cells, entries)."""
+    # in play: generating (sampled >= 1, not finished), or its prompt in this very batch (0)
+    play = sorted(s for s, (g, _, _) in gen.items() if s in terminated or 0 <= g < outs[s].n_predict)
+    pre = {s: outs[s].prompt_tokens + gen[s][0] - 1 if gen[s][0] >= 1 else 0 for s in play}
+    # the batch: one generation entry per generating slot in slot order, then prompt chunks
+    order = [(s, 1) for s in play if gen[s][0] >= 1] + [(s, outs[s].prompt_tokens) for s in play
+                                                          if gen[s][0] == 0]
+    free = pool - sum(pre.values())
+    first, decoded, k = {}, {}, 0
+    for s, n in order:
+        first[s] = k
+        decoded[s] = max(0, min(n, free - k))  # entries below off == free were decoded
+        k += n
+    return ([SlotAt(s, outs[s].prompt_tokens, gen[s][0], pre[s] + decoded[s], first[s], gen[s][1], gen[s][2])
+             for s in play], free, k)
+
+
+def _counts(v: Outcome, n_v: int, how: str, rel: dict[int, Offset]) -> dict[int, tuple[int, int, str]]:
+    """Everyone's sampled count when the failing step began: the victim's, and the others' by offset."""
+    return {v.slot: (n_v, 0, how)} | {s: (n_v + d.steps, d.spread, d.source) for s, d in rel.items()}
+
+
+def _infer(v: Outcome, rel: dict[int, Offset], outs: dict[int, Outcome], pool: int) -> int:
+    """A non-streamed victim's sampled count: no stream tells it, so take the first step at which
+    the pool, with everyone's measured offsets, is full. (Its fullness is then not a finding.)"""
+    for n in range(1, v.n_predict + 1):
+        _, free, entries = _batch(_counts(v, n, "", rel), {v.slot}, outs, pool)
+        if free < entries:
+            return n
+    return 0
+
+
+@lru_cache(maxsize=64)
+def overflows(run: Run, wl: Workload, policy: str = "largest") -> tuple[Overflow, ...]:
+    """Every overflow event of the run, measured (see the module doc)."""
+    outs = {o.slot: o for o in run.outcomes}
+    hit = sorted((o for o in run.outcomes if o.outcome == "errored" and o.error == EXCEEDED),
+                 key=lambda o: (o.t_end, o.slot))
+    events: list[Overflow] = []
+    gone: set[int] = set()
+    i = 0
+    while i < len(hit):
+        v = hit[i]
+        rel: dict[int, Offset] = {}
+        for o in run.outcomes:
+            if o.slot != v.slot and o.slot not in gone:
+                d = offset(v, o, run.samples)
+                if d.source != "none":
+                    rel[o.slot] = d
+        if v.token_t or v.tokens:
+            how = "own stream"
+            # the server samples right after each sub-batch it decodes: a request whose entry sat
+            # below the failure offset had been sent its next token before the pool ran out, so
+            # its stream is one longer than its count when the step began. Take the count that is
+            # consistent with the offset it implies.
+            for n_v in (len(v.tokens), len(v.tokens) - 1):
+                slots, free, entries = _batch(_counts(v, n_v, how, rel), {v.slot}, outs, run.pool)
+                below = next(x.position for x in slots if x.slot == v.slot) < free
+                if 0 <= free < entries and below == (n_v < len(v.tokens)):
+                    break
+            else:
+                n_v = len(v.tokens)
+        else:
+            how = "non-streamed: the step where the measured pool is full"
+            n_v = _infer(v, rel, outs, run.pool)
+        gen = _counts(v, n_v, how, rel)
+        # requests terminated in the same step: they got the error having sampled what we predict
+        # (one more when their entry was decoded before the failure)
+        same = [o for o in hit[i:] if o is v or (o.slot in gen and (o.token_t or o.tokens) and gen[o.slot][0]
+                - gen[o.slot][1] <= len(o.tokens) <= gen[o.slot][0] + gen[o.slot][1] + 1)]
+        terminated = {o.slot for o in same}
+        slots, free, entries = _batch(gen, terminated, outs, run.pool)
+        expected, margin, unc = _choose(slots, policy, wl)
+        events.append(Overflow(v.t_end, tuple(sorted(terminated)), tuple(slots), run.pool, free, entries,
+                               expected, margin, unc))
+        gone |= terminated
+        i += len(same)
+        hit = hit[:i] + [o for o in hit[i:] if o.slot not in terminated]
+    return tuple(events)
+
+
+@lru_cache(maxsize=64)
+def first_group_offsets(run: Run, wl: Workload) -> dict[int, Offset]:
+    """Measured step offset of each request released with the first one, relative to it."""
+    first = min(r.start_ms for r in wl.requests)
+    group = [r.slot for r in wl.requests if r.start_ms == first]
+    outs = {o.slot: o for o in run.outcomes}
+    ref = outs[group[0]]
+    return {s: offset(ref, outs[s], run.samples) for s in group[1:] if s in outs}
+
+
+def shift_exercised(ev: Overflow) -> tuple[bool, str]:
+    """Did this eviction have to move survivors? The victim's entry must not be decoded yet
+    (position >= off) and a survivor's entry must come after it."""
+    if len(ev.terminated) != 1:
+        return False, f"{len(ev.terminated)} requests terminated in one step"
+    v = ev.at(ev.terminated[0])
+    after = [s.slot for s in ev.in_play if s.position > v.position]
+    ok = v.position >= ev.off and bool(after)
+    return ok, (f"victim slot {v.slot} at batch position {v.position}, failure at off {ev.off}: "
+                + (f"survivors {after} had to shift down" if ok else
+                   "its entry was already decoded, nothing shifts" if v.position < ev.off
+                   else "no survivor entry after it, nothing shifts"))
+
+
+def shape(run: Run, wl: Workload) -> str | None:
+    """None when the run has the shape the workload is designed to judge; else why not.
+    runner.py re-makes such a start while its budget lasts; compare.py judges either way."""
+    moved = {s: d for s, d in first_group_offsets(run, wl).items() if d.steps != 0}
+    hits = [o for o in run.outcomes if o.error == EXCEEDED]
+    if wl.expect.shift:
+        if moved:
+            return f"requests released together started generating steps apart: {_moved(moved)}"
+        evs = overflows(run, wl)
+        if evs and len(evs[0].terminated) == 1 and not shift_exercised(evs[0])[0]:
+            return shift_exercised(evs[0])[1]
+    elif wl.expect.base == "all-error" and not hits and moved:
+        return f"no overflow, and the requests started steps apart: {_moved(moved)}"
+    return None
+
+
+def _moved(moved: dict[int, Offset]) -> str:
+    return ", ".join(f"slot {s} {d.steps:+d} ({d.source})" for s, d in sorted(moved.items()))

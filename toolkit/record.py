@@ -1,0 +1,112 @@
+"""What a workload run leaves behind: per-request outcomes (with every token's arrival time),
+/slots snapshots, the server log's witnesses. Plain data, no processes; built by runner.py,
+read by measure.py and compare.py."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+OUTCOMES = ("completed", "errored", "truncated", "crashed", "timeout")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    slot: int
+    outcome: str               # one of OUTCOMES
+    http_status: int | None
+    error: str | None
+    done_seen: bool
+    stop_type: str | None
+    truncated: bool | None
+    tokens_predicted: int | None
+    tokens: tuple[int, ...]    # token ids received, in order
+    prompt_tokens: int
+    n_predict: int
+    t_start: float             # seconds since the run's t0
+    t_first: float | None
+    t_end: float               # when the exchange ended: for an errored stream, when the error arrived
+    token_t: tuple[float, ...] = ()  # arrival time of each token (seconds since t0), same length as tokens
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One slot in one /slots snapshot. The server answers /slots between two decode steps, so
+    the slots of one snapshot (same t) are seen at the same step: `generated` is exact there."""
+    t: float
+    slot: int
+    cells: int                 # n_prompt_tokens as /slots reports it (informational)
+    processing: bool
+    generated: int = -1        # next_token.n_decoded: tokens sampled so far (-1: not reported)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One overflow event a witness logged: the patch's `patchkit-evict:` line (evict) or the
+    server's own "Context size has been exceeded." error line (error-all)."""
+    kind: str                  # "evict" | "error-all"
+    off: int
+    victim: int | None = None
+    cells: int | None = None
+    others: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    workload: str
+    outcomes: tuple[Outcome, ...]
+    samples: tuple[Sample, ...]
+    events: tuple[Event, ...]  # the logs' testimony: a second witness, never the measurement
+    alive_after: bool
+    followup_ok: bool
+    exit_code: int | None      # the server's, if it died during the run
+    wall: float
+    log: str
+    attempts: int = 1          # starts made for this run (re-made while the start was not as sized)
+    launch_spread_ms: float = 0.0  # largest gap between launches meant to be together (server log)
+    sanitizer: tuple[str, ...] = ()  # AddressSanitizer / UBSan findings in the server log
+    pool: int = 0              # KV cells the unified pool holds (the server's -c)
+
+
+SANITIZER_RE = re.compile(r"(ERROR: AddressSanitizer.*|runtime error: .*|ERROR: LeakSanitizer.*|"
+                          r"WARNING: ThreadSanitizer.*)")
+
+
+def sanitizer_findings(log_text: str) -> tuple[str, ...]:
+    return tuple(m.group(1).strip()[:300] for m in SANITIZER_RE.finditer(log_text))
+
+
+EVICT_RE = re.compile(r"patchkit-evict: slot=(\d+) cells=(\d+) off=(\d+)(?: others=([\d:,]*))?")
+ERROR_ALL_RE = re.compile(r"Context size has been exceeded\. off = (\d+)")
+
+
+def events_from_log(text: str) -> tuple[Event, ...]:
+    out = []
+    for line in text.splitlines():
+        m = EVICT_RE.search(line)
+        if m:
+            others = tuple(tuple(int(x) for x in kv.split(":")) for kv in (m.group(4) or "").split(",") if kv)
+            out.append(Event("evict", int(m.group(3)), int(m.group(1)), int(m.group(2)), others))
+            continue
+        m = ERROR_ALL_RE.search(line)
+        if m:
+            out.append(Event("error-all", int(m.group(1))))
+    return tuple(out)
+
+
+LAUNCH_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) .*launch_slot_: id +(\d+) ")
+
+
+def launch_times(log_text: str) -> dict[int, float]:
+    """Slot id -> when the server launched its first task (ms, from the log's own clock)."""
+    at: dict[int, float] = {}
+    for line in log_text.splitlines():
+        m = LAUNCH_RE.match(line)
+        if m and int(m.group(5)) not in at:
+            mins, secs, ms, us = (int(g) for g in m.groups()[:4])
+            at[int(m.group(5))] = (mins * 60 + secs) * 1000 + ms + us / 1000
+    return at
+
+
+def largest_gap(times: list[float]) -> float:
+    ts = sorted(times)
+    return max((b - a for a, b in zip(ts, ts[1:])), default=0.0)
