@@ -1,8 +1,13 @@
 """Shared fixtures. Expensive things (trees, builds) are cached under PATCHKIT_CACHE and shared
 by every test of a run, and by later runs: one build per tree content."""
+import logging
 import subprocess
 
 import pytest
+
+# pyproject turns on live INFO logging for patchkit's progress; httpx would log every /slots poll
+for noisy in ("httpx", "httpcore", "git"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def pytest_collection_modifyitems(items):

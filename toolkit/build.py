@@ -16,6 +16,7 @@ build of content that was built before (any branch, any repo) is instant.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -102,6 +103,18 @@ class Built:
 
 
 ProgressFn = Callable[[str], None]
+_log = logging.getLogger("patchkit.build")
+_last = [0.0]
+
+
+def log_progress(msg: str) -> None:
+    """The default progress when no UI asks: the `patchkit.build` logger, Ninja's [n/N] lines at
+    most every 10 s (the real test tier shows these live, so a 20-minute build is never silent)."""
+    if msg.startswith("[") and time.monotonic() - _last[0] < 10:
+        return
+    _last[0] = time.monotonic()
+    _log.info(msg)
+
 
 
 def _env(ws_root: Path) -> dict[str, str]:
@@ -133,7 +146,7 @@ def adapt(repo: git.Repo, commit: str, opts: Options) -> Options:
 
 
 def checkout(repo: git.Repo, commit: str, opts: Options = Options(),
-             progress: ProgressFn = lambda s: None, reconfigure: bool = False) -> Workspace:
+             progress: ProgressFn = log_progress, reconfigure: bool = False) -> Workspace:
     """Fill the private work tree with `commit` and make sure CMake has configured it.
     `reconfigure` re-runs CMake even if it ran before (a stale compile_commands.json)."""
     opts = adapt(repo, commit, opts)
@@ -196,7 +209,7 @@ def binary_store(tree: str, opts: Options) -> Path:
 
 
 def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
-          progress: ProgressFn = lambda s: None, in_workspace: bool = False) -> Built:
+          progress: ProgressFn = log_progress, in_workspace: bool = False) -> Built:
     """`in_workspace`: build even if the binary store has this tree, so the workspace's own
     build dir (its static libraries) is complete: the property harness links against them."""
     commit = resolve(repo, ref)

@@ -169,7 +169,9 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
 
 @cli.command("verify")
 @click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
-@click.option("--base", "base_ref", default=None, help="Base ref (default HEAD; the baseline tag on the fetched tree).")
+@click.option("--base", "base_ref", default=None, help="Base ref. Default: the commit a patchkit series was applied "
+              "on when the candidate (or HEAD) is one; else HEAD (the baseline tag on the fetched tree). A base equal to "
+              "the candidate is refused.")
 @click.option("--candidate", "cand_ref", default=None, help="Candidate: an existing ref (e.g. your patched branch).")
 @click.option("--patch", "patch_name", default=None, help="Candidate: this patch applied to the base (the default: "
               "evict-largest-slot), in a private work tree.")
@@ -199,6 +201,7 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
       patchkit verify                                         # default tree, default patch, suite
       patchkit verify --repo ~/llama.cpp --baseline-only --workload overflow-4
       patchkit verify --repo ~/llama.cpp --candidate patchkit/evict-largest-slot --repeat 3
+                                                              # base: the commit the series was applied on
       patchkit verify --repo ~/llama.cpp --commit 59a3d0cb8f61 --report-dir out/
     """
     from . import report
@@ -237,7 +240,8 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
               show_default=True, help="Which slot to evict: most cells, fewest cells, or newest task.")
 @click.option("--branch", default=None, help="New branch for the series (default patchkit/<patch>).")
 @click.option("--check", "dry", is_flag=True, help="Print the unified diff; write nothing.")
-@click.option("--revert", is_flag=True, help="Return to the branch apply started from.")
+@click.option("--revert", is_flag=True, help="Return to the branch apply started from, and delete the patch branch "
+              "when it holds only patchkit's commits (kept, and said so, when you committed on top).")
 @click.option("--json", "as_json", is_flag=True)
 def apply_cmd(repo, patch_name, policy, branch, dry, revert, as_json) -> None:
     """Apply the eviction patch as a commit series on a new branch, and check it out.

@@ -15,7 +15,7 @@ from .verify import Result, WorkloadResult
 from .record import Run
 from .workload import Workload
 
-SCHEMA = 1
+SCHEMA = 2  # 2: per-token arrival times, measured overflows, /slots generated counts
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("toolkit", "templates"),
     undefined=jinja2.StrictUndefined,
@@ -28,17 +28,20 @@ def _outcome_json(o) -> dict:
     d = asdict(o)
     d["tokens_received"] = len(o.tokens)
     d["tokens"] = list(o.tokens)
+    d["token_t"] = [round(t, 5) for t in o.token_t]
     return d
 
 
-def _run_json(r: Run) -> dict:
+def _run_json(r: Run, wl: Workload, policy: str = "largest") -> dict:
     return {
         "outcomes": [_outcome_json(o) for o in r.outcomes],
+        "overflows": [{**asdict(e), "off": e.off, "full": e.full} for e in measure.overflows(r, wl, policy)],
         "events": [asdict(e) for e in r.events],
         "alive_after": r.alive_after, "followup_ok": r.followup_ok, "exit_code": r.exit_code,
         "wall_s": round(r.wall, 3), "log": r.log, "attempts": r.attempts, "launch_spread_ms": r.launch_spread_ms,
         "sanitizer": list(r.sanitizer),
-        "occupancy": [[round(s.t, 3), s.slot, s.cells, s.processing] for s in r.samples],
+        "pool": r.pool,
+        "occupancy": [[round(s.t, 4), s.slot, s.cells, s.processing, s.generated] for s in r.samples],
     }
 
 
@@ -58,9 +61,9 @@ def to_json(res: Result) -> dict:
             "description": wr.workload.description,
             "sizing": wr.workload.sizing.strip(),
             "expect": asdict(wr.workload.expect),
-            "base": [_run_json(r) for r in wr.base],
-            "candidate": [_run_json(r) for r in wr.candidate],
-            "control": _run_json(wr.control) if wr.control else None,
+            "base": [_run_json(r, wr.workload, res.policy) for r in wr.base],
+            "candidate": [_run_json(r, wr.workload, res.policy) for r in wr.candidate],
+            "control": _run_json(wr.control, wr.workload.control()) if wr.control else None,
             "verdicts": [{"side": v.side, "run": v.run_index, "ok": v.ok,
                           "checks": [asdict(c) for c in v.checks]} for v in wr.verdicts],
             "goodput": {"base": asdict(gp_b) if gp_b else None, "candidate": asdict(gp_c) if gp_c else None},
@@ -106,9 +109,11 @@ def text_table(res: Result) -> str:
             for c in v.checks:
                 if c.status == "fail":
                     lines.append(f"  FAIL {v.side}#{v.run_index} {c.name}: {c.detail}")
-        ev = [e for r in wr.candidate for e in r.events if e.kind == "evict"]
+        ev = [e for r in wr.candidate for e in measure.overflows(r, wr.workload, res.policy)]
         if ev:
-            lines.append("  evictions: " + "; ".join(f"slot {e.victim} ({e.cells} cells) at off={e.off}" for e in ev))
+            lines.append("  evictions (measured): " + "; ".join(
+                ", ".join(f"slot {s} ({e.at(s).cells} cells)" for s in e.terminated) + f" at off={e.off}"
+                for e in ev))
         lines.append("")
     return "\n".join(lines)
 
@@ -126,43 +131,55 @@ def write(res: Result, out_dir: Path) -> dict[str, Path]:
 
 
 def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
-    """Per slot, the KV cells it holds (prompt + tokens streamed to it) against the time each token
-    arrived, from the per-token record: the window is the generation, where the overflow happens.
-    Measured overflows are marked with the victim; each slot's end is marked by how it ended.
-    matplotlib (Agg) renders it to an inline SVG."""
+    """Per slot, the KV cells it holds (prompt + tokens sampled) over server steps, from the
+    per-token record aligned by the measured step offsets (measure.py), so arrival jitter does
+    not bend the lines. Step 0 is the (first) overflow; each measured overflow is marked with
+    its victim, each slot's end with how it ended. matplotlib (Agg) renders it to inline SVG."""
     import io
 
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    outs = [o for o in run.outcomes if o.token_t]
+    outs = [o for o in run.outcomes if o.tokens]
     if not outs:
-        return "<p>no tokens were streamed in this run</p>"
+        return "<p>no tokens were recorded in this run</p>"
+    evs = measure.overflows(run, wl)
+    ref = next((o for o in run.outcomes if evs and o.slot == evs[0].terminated[0]), outs[0])
+    # step of each slot's first sampled token, relative to the reference (the first victim)
+    shift = {o.slot: 0 if o is ref else -measure.offset(ref, o, run.samples).steps for o in outs}
+    zero = evs[0].at(ref.slot).generated if evs else 0
     fig = Figure(figsize=(8, 3.4), dpi=96)
     ax = fig.add_subplot()
-    ends = {"completed": ("o", "#2a7d2a"), "errored": ("X", "#c00000"), "truncated": ("^", "#d08000")}
+    ends = {"completed": ("o", "#2a7d2a", "completed"), "errored": ("X", "#c00000", "errored"),
+            "truncated": ("^", "#d08000", "truncated")}
+    total: dict[int, int] = {}
     for o in outs:
-        ts = [1000 * t for t in o.token_t]
-        cells = [o.prompt_tokens + k for k in range(1, len(ts) + 1)]
-        line, = ax.plot(ts, cells, lw=1.4, label=f"slot {o.slot} (prompt {o.prompt_tokens})")
-        marker, colour = ends.get(o.outcome, ("s", "#555555"))
-        ax.plot([1000 * max(o.t_end, ts[-1]) if o.outcome == "errored" else ts[-1]], [cells[-1]], marker=marker,
-                color=colour, ms=8, mec="black", mew=0.6, zorder=5)
-    for ev in measure.overflows(run, wl):
-        x = 1000 * ev.t
+        steps = [k + shift[o.slot] - zero for k in range(1, len(o.tokens) + 1)]
+        cells = [o.prompt_tokens + k - 1 for k in range(1, len(o.tokens) + 1)]
+        for x, c in zip(steps, cells):
+            total[x] = total.get(x, 0) + c
+        ax.plot(steps, cells, lw=1.4, label=f"slot {o.slot} (prompt {o.prompt_tokens}): {o.outcome}")
+        marker, colour, _ = ends.get(o.outcome, ("s", "#555555", o.outcome))
+        ax.plot(steps[-1], cells[-1], ls="none", marker=marker, color=colour, ms=9, mec="black", mew=0.8, zorder=5)
+    for ev in evs:
+        x = ev.at(ev.terminated[0]).generated - zero if ev.at(ev.terminated[0]) else 0
         ax.axvline(x, color="#c00000", ls="--", lw=1)
         who = ", ".join(f"slot {s} ({ev.at(s).cells} cells)" for s in ev.terminated)
-        ax.annotate(f"overflow at off {ev.off}: {who} terminated", (x, ax.get_ylim()[1]), xytext=(-4, -12),
+        ax.annotate(f"overflow at off {ev.off}: {who} terminated", (x, run.pool), xytext=(-4, -12),
                     textcoords="offset points", ha="right", fontsize=8, color="#c00000")
-    lo = min(1000 * o.token_t[0] for o in outs)
-    hi = max(1000 * o.t_end for o in outs)
-    ax.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
-    ax.set_xlabel("time since the requests were released (ms)")
-    ax.set_ylabel("KV cells held (prompt + tokens)")
+    xs = sorted(total)
+    ax.plot(xs, [total[x] for x in xs], color="black", lw=1, label="all slots together")
     ax.axhline(run.pool, color="#888888", lw=0.8, ls=":")
-    ax.set_title(title or f"{run.workload}: cells per slot; end: o completed, X errored, ^ truncated", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.annotate(f"pool: {run.pool} cells", (xs[-1], run.pool), xytext=(0, 3), textcoords="offset points",
+                fontsize=7, ha="right")
+    if evs:  # the window around the overflow: the last 60 steps before it and everything after
+        ax.set_xlim(max(xs[0], -60) - 2, xs[-1] + 3)
+    ax.set_xlabel("server step (0 = the step where the pool ran out)" if evs else "server step")
+    ax.set_ylabel("KV cells held (prompt + tokens)")
+    ax.set_ylim(0, run.pool * 1.08)
+    ax.set_title(title or run.workload, fontsize=9)
+    ax.legend(fontsize=7, loc="center left", title="end: o completed, X errored, ^ truncated", title_fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.StringIO()

@@ -14,6 +14,7 @@ retry budget lasts; that only saves time, it decides nothing.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -32,7 +33,8 @@ from .workload import Request, Workload, prompt_ids
 # starts), then the last one is judged as it is: on its measurements.
 ATTEMPTS = 60
 RETRY_BUDGET_S = 60.0
-POLL_S = 0.005  # /slots between steps: one snapshot while requests generate aligns them exactly
+POLL_S = 0.005
+_log = logging.getLogger("patchkit.run")  # /slots between steps: one snapshot while requests generate aligns them exactly
 
 
 def _poll_slots(srv: Server, t0: float, stop: threading.Event, into: list[Sample]) -> None:
@@ -66,7 +68,9 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
     for attempt in range(1, attempts + 1):
         r = run_once(binary, model, wl, log_path, draft=draft, timeout=timeout)
         last = attempt == attempts or time.monotonic() > deadline
-        if last or r.exit_code is not None or measure.shape(r, wl) is None:
+        why = None if r.exit_code is not None else measure.shape(r, wl)
+        _log.info("%s: start %d, %.2f s%s", wl.name, attempt, r.wall, f" (again: {why})" if why and not last else "")
+        if last or why is None:
             return replace(r, attempts=attempt)
     raise AssertionError("unreachable")
 

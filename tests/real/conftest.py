@@ -1,5 +1,6 @@
 """Real tier: real git, CMake, compilers, llama-server, HTTP. A missing prerequisite FAILS,
 naming what is missing; nothing here is skipped silently."""
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,7 +32,7 @@ def trees():
     def get(version: str, package: str = "llama-cpp-python") -> source.Tree:
         key = (package, version)
         if key not in cache:
-            cache[key] = source.fetch(package, version, progress=lambda s: None)
+            cache[key] = source.fetch(package, version, progress=logging.getLogger("patchkit.source").info)
         return cache[key]
     return get
 

@@ -81,6 +81,12 @@ def test_gate_fails_a_broken_pin(c2, c2_base, tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr[-3000:]
     assert f"FAIL {url}" in res.stdout
     report = next((tmp_path / "reports").glob("*/report.json"))
+    # failed for the right reason: the integrity oracle, survivors differing from the control, and
+    # nothing else (not a crash, not a start that missed its shape, not the victim's choice)
+    fails = {(v["side"], c["name"]): c["detail"] for v in json.loads(report.read_text())["workloads"]["victim-first"][
+        "verdicts"] for c in v["checks"] if c["status"] == "fail"}
+    assert set(fails) == {("candidate", "integrity")}, fails
+    assert "differs from control at token" in fails["candidate", "integrity"]
     fork = tmp_path / "fork.json"
     fork.write_bytes(SAMPLE.read_bytes())
     res = patchkit("pin", "--pr-set", str(fork), "--url", url, "--report", str(report))

@@ -1,8 +1,10 @@
 """Issue 3/4: patched builds on real binaries, the suite, and oracles that are proven able to fail."""
+import re
+
 import git
 import pytest
 
-from toolkit import runner, verify, workload
+from toolkit import measure, runner, verify, workload
 from toolkit.compare import EXCEEDED
 from toolkit.ui import UI
 
@@ -14,13 +16,17 @@ def run(tree, tmp_path, names, **kw):
 
 
 def assert_one_victim(res, name="overflow-4", victim=3):
+    """Measured, not read from the patch's log: exactly that slot terminated on a full pool, it held
+    the most cells, survivors complete with every token, and the patch's log agrees."""
     wr = next(r for r in res.results if r.workload.name == name)
     for c in wr.candidate:
         errored = [o for o in c.outcomes if o.outcome == "errored"]
         assert [o.slot for o in errored] == [victim] and errored[0].error == EXCEEDED
-        ev = [e for e in c.events if e.kind == "evict"]
-        assert len(ev) == 1 and ev[0].victim == victim
-        assert ev[0].cells > max(cells for _, cells in ev[0].others), "the victim held the most cells"
+        ev, = measure.overflows(c, wr.workload)
+        assert ev.terminated == (victim,) and ev.full and ev.expected == (victim,)
+        assert ev.margin > ev.uncertainty, "the victim held the most cells, beyond the measurement's doubt"
+        logged = [e for e in c.events if e.kind == "evict"]
+        assert [(e.victim, e.off) for e in logged] == [(victim, ev.off)], "the patch's log agrees"
         for o in c.outcomes:
             if o.slot != victim:
                 assert o.outcome == "completed" and len(o.tokens) == 240
@@ -40,20 +46,57 @@ def test_patched_c2_suite(c2, c2_base, tmp_path):
 
 def test_patched_d_overflow_4(trees, tmp_path):
     """Layout D: a second full build (its own cold build, then a TU rebuild for the candidate)."""
-    res = run(trees("0.3.36"), tmp_path, ["overflow-4"])
-    assert res.ok and res.layout == "D"
+    res = run(trees("0.3.36"), tmp_path, ["overflow-4", "victim-first", "victim-middle"], repeat=2)
+    assert res.ok and res.layout == "D", [(v.workload, v.side, c.name, c.detail) for r in res.results
+                                          for v in r.verdicts for c in v.checks if c.status == "fail"]
     assert_one_victim(res)
+    assert_one_victim(res, "victim-first", 0)
+    assert_one_victim(res, "victim-middle", 1)
 
 
-@pytest.mark.parametrize("name", ["victim-first", "victim-middle"])
-def test_integrity_oracle_catches_missing_remap(c2, c2_base, tmp_path, name):
-    """Prove the oracle can fail: the no-remap variant is caught in every run."""
-    res = run(c2, tmp_path, [name], repeat=2, variant="no-remap")
-    wr = res.results[0]
-    assert all(v.ok for v in wr.verdicts if v.side == "base")
-    for v in (v for v in wr.verdicts if v.side == "candidate"):
-        integrity = next(c for c in v.checks if c.name == "integrity")
-        assert integrity.status == "fail", f"run {v.run_index}: a missing remap went unnoticed"
+LAYOUTS = {"C2": "0.3.35", "D": "0.3.36"}
+
+
+@pytest.mark.parametrize("layout", ["C2", "D"])
+def test_integrity_oracle_catches_missing_remap(trees, tmp_path, layout):
+    """Prove the oracle can fail, for the right reason, on every run: without the index remap the
+    survivors after the victim diverge from the control right after the eviction, on runs that
+    measurably had to shift them."""
+    res = run(trees(LAYOUTS[layout]), tmp_path, ["victim-first", "victim-middle"], repeat=2, variant="no-remap")
+    assert res.layout == layout
+    for wr in res.results:
+        assert all(v.ok for v in wr.verdicts if v.side == "base")
+        for v, c in zip((v for v in wr.verdicts if v.side == "candidate"), wr.candidate):
+            checks = {ch.name: ch for ch in v.checks}
+            assert checks["shift-exercised"].status == "pass", checks["shift-exercised"].detail
+            assert checks["victim-is-largest"].status == "pass" and checks["witness-agrees"].status == "pass"
+            integrity = checks["integrity"]
+            ev, = measure.overflows(c, wr.workload)
+            victim = ev.at(ev.terminated[0])
+            shifted = {s.slot: s.generated for s in ev.in_play if s.position > victim.position}
+            assert integrity.status == "fail", f"{wr.workload.name} run {v.run_index}: a missing remap went unnoticed"
+            assert "control did not complete" not in integrity.detail
+            # the reason: a survivor whose entry sat after the victim's sampled from a stale row in the
+            # eviction step, i.e. its stream differs first at exactly the token of that step
+            at = {int(m[0]): int(m[1]) for m in re.findall(r"slot (\d+): differs from control at token (\d+)",
+                                                             integrity.detail)}
+            assert at and set(at) <= set(shifted), (integrity.detail, shifted)
+            assert all(at[slot] == shifted[slot] for slot in at), (integrity.detail, shifted)
+    assert not res.ok
+
+
+@pytest.mark.parametrize("layout", ["C2", "D"])
+def test_false_witness_fails_every_overflow_workload(trees, tmp_path, layout):
+    """A patch that evicts the runner-up and logs it as the largest: caught by measurement on every
+    overflow workload, and its log contradicted (a verdict that read the log would pass it)."""
+    names = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle"]
+    res = run(trees(LAYOUTS[layout]), tmp_path, names, variant="false-witness")
+    for wr in res.results:
+        for v in (v for v in wr.verdicts if v.side == "candidate"):
+            checks = {c.name: c for c in v.checks}
+            assert checks["victim-is-largest"].status == "fail", (wr.workload.name, checks["victim-is-largest"])
+            assert "measured largest" in checks["victim-is-largest"].detail
+            assert checks["witness-agrees"].status == "fail" and "log says slot" in checks["witness-agrees"].detail
     assert not res.ok
 
 
