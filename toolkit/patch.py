@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import re
 import textwrap
 import tomllib
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class Facts:
     helper_indent: str
     hook_at: int              # byte offset: just after '{' of the n_batch == 1 && ret == 1 branch
     hook_indent: str
+    kv_unified: str = ""      # expression telling whether the KV pool is unified ("" if the tree has none)
 
 
 @dataclass(frozen=True)
@@ -240,10 +242,12 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     first_stmt = next(iter(body.get_children()), None)
     hook_indent = _indent_at(source, first_stmt.extent.start.offset) if first_stmt else \
         _indent_at(source, branch.extent.start.offset) + "    "
+    # the server reads the unified-pool switch from its own params; without it there is one pool
+    kv_unified = "params_base.kv_unified" if re.search(rb"\bparams_base\.kv_unified\b", source) else ""
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
-                 hook_indent)
+                 hook_indent, kv_unified)
 
 
 def _above_comments(source: bytes, offset: int) -> int:
@@ -302,7 +306,7 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
            variant: str | None = None) -> bytes:
     if policy not in spec.policies:
         raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
-    params = {"remap_indices": True, "false_witness": False}
+    params = {"remap_indices": True, "false_witness": False, "count_positions": False}
     if variant:
         if variant not in spec.variants:
             raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-OUTCOMES = ("completed", "errored", "truncated", "crashed", "timeout")
+OUTCOMES = ("completed", "errored", "rejected", "truncated", "crashed", "timeout")
 
 
 @dataclass(frozen=True)
 class Outcome:
     slot: int
-    outcome: str               # one of OUTCOMES
+    outcome: str               # one of OUTCOMES (rejected: the server's output parser refused the text)
     http_status: int | None
     error: str | None
     done_seen: bool

@@ -58,6 +58,7 @@ def to_json(res: Result) -> dict:
         gp_b, gp_c = compare.goodput(list(wr.base)), compare.goodput(list(wr.candidate))
         out["workloads"][wr.workload.name] = {
             "ok": wr.ok,
+            "model": {"name": wr.model, "sha256": wr.model_sha256},
             "description": wr.workload.description,
             "sizing": wr.workload.sizing.strip(),
             "expect": asdict(wr.workload.expect),

@@ -60,6 +60,19 @@ def launch_spread_ms(log_text: str, wl: Workload) -> float:
     return largest_gap([at[r.slot] for r in wl.requests if r.start_ms == first and r.slot in at])
 
 
+def _tokenized(srv: Server, r: Request) -> Request:
+    """A real-text request, cut to its sized length in the served model's own tokens."""
+    if not r.text:
+        return r
+    ids: list[int] = []
+    while len(ids) < len(r.prompt):
+        got = srv.post("/tokenize", {"content": r.text}).json()["tokens"]
+        if not got:
+            raise UsageError(f"request for slot {r.slot}: its text tokenizes to nothing.")
+        ids += got
+    return replace(r, prompt=tuple(ids[:len(r.prompt)]))
+
+
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
         timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S) -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
@@ -86,6 +99,8 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
     log_path.write_text("")
     srv = Server(binary, model, args, log_path)
     with srv as ep:
+        if any(r.text for r in wl.requests):
+            wl = replace(wl, requests=tuple(_tokenized(srv, r) for r in wl.requests))
         t0 = time.monotonic()
         samples: list[Sample] = []
         stop = threading.Event()

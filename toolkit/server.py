@@ -134,6 +134,10 @@ class Server:
         assert self.endpoint is not None
         return self._client().get(self.endpoint.url + path, timeout=timeout)
 
+    def post(self, path: str, body: dict, timeout: float = 10.0) -> httpx.Response:
+        assert self.endpoint is not None
+        return self._client().post(self.endpoint.url + path, json=body, timeout=timeout)
+
     def healthy(self) -> bool:
         if not self.endpoint or not self.alive():
             return False

@@ -28,6 +28,8 @@ class WorkloadResult:
     candidate: tuple[Run, ...]
     control: Run | None
     verdicts: tuple[compare.Verdict, ...]
+    model: str = "tiny"
+    model_sha256: str = ""
 
     @property
     def ok(self) -> bool:
@@ -58,7 +60,7 @@ Say = Callable[[str], None]
 def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, workloads: list[Workload], *,
               repeat: int = 1, work_dir: Path, opts: build_mod.Options = build_mod.Options(),
               policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
-              layout: str | None = None,
+              layout: str | None = None, model_name: str | None = None,
               say: Say = print, progress: Say = lambda s: None) -> Result:
     timings: list[tuple[str, float]] = []
 
@@ -77,13 +79,14 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         cand_bin = timed("build candidate", lambda: build_mod.build(repo, candidate_commit, opts, progress))
         say(f"  candidate binary: {cand_bin.binary}"
             f"{' (cached)' if cand_bin.reused else f' ({cand_bin.seconds:.0f} s)'}")
-    tiny = model.ensure(model.TINY)
+    models = {name: model.resolve(name, say) for name in dict.fromkeys(model_name or w.model for w in workloads)}
     draft = model.ensure(model.DRAFT) if any(w.server.draft for w in workloads) else None
     work_dir.mkdir(parents=True, exist_ok=True)
 
     results = []
     t_runs = time.monotonic()
     for wl in workloads:
+        tiny = models[model_name or wl.model]
         control = None
         if cand_bin and wl.expect.integrity:
             say(f"[{wl.name}] control run (no overflow, base binary)")
@@ -102,15 +105,18 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                                  draft=draft.path if draft else None)
                 cand_runs.append(c)
                 verdicts.append(compare.judge(wl, "candidate", c, k, control, policy, base=r))
-        res = WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts))
+        res = WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts),
+                             model_name or wl.model, tiny.sha256)
         say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
     timings.append(("workloads", time.monotonic() - t_runs))
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
-                  tuple(results), tuple(timings), tiny.sha256)
+                  tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "")
 
 
+# With a real model (`--model smollm2`): workloads of real text, sized in the model's own tokens.
+REAL_SUITE = ["text-overflow-4"]
 # The default suite, in the order that shows the most first.
 SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle", "fits",
          "single-slot"]
@@ -168,7 +174,7 @@ def choose_base(repo: git.Repo, base_ref: str | None, candidate_ref: str | None)
 
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
            baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
-           out_dir: Path, ui, opts: build_mod.Options = build_mod.Options()) -> Result:
+           out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None) -> Result:
     base, why = choose_base(repo, base_ref, candidate_ref)
     ui.say(f"base {base[:12]}: {why}")
     from .apply import series_base
@@ -188,6 +194,7 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
         ui.say(f"candidate {cand[:12]}: {label}" + (f", layout {layout}" if layout else ""))
     with ui.step("builds and workloads"):
         res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
-                        policy=policy, candidate_label=label, candidate_source=src, layout=layout, say=ui.say,
+                        policy=policy, candidate_label=label, candidate_source=src, layout=layout,
+                        model_name=model_name, say=ui.say,
                         progress=ui.progress)
     return replace(res, timings=prep + res.timings)

@@ -25,6 +25,9 @@ class Request:
     n_predict: int
     stream: bool = True
     start_ms: int = 0
+    # real models: real text, cut to len(prompt) tokens by the server's own /tokenize at run time
+    # (prompt holds placeholders until then, so the sizing arithmetic can use its length)
+    text: str = ""
 
     def body(self) -> dict:
         return {
@@ -79,6 +82,7 @@ class Workload:
     requests: tuple[Request, ...]
     expect: Expect
     path: Path | None = None
+    model: str = "tiny"             # a tiny family (model.FAMILIES), a real model (model.REAL) or a .gguf path
 
     def control(self) -> "Workload":
         """Same requests, a pool big enough for all of them: the no-overflow control."""
@@ -87,7 +91,7 @@ class Workload:
         ctx = -(-ctx // 256) * 256
         flags = ServerFlags(**{**self.server.__dict__, "ctx": ctx})
         return Workload(self.name + "/control", "no-overflow control", "", flags, self.requests,
-                        Expect(base="unchanged", candidate="unchanged", integrity=False), self.path)
+                        Expect(base="unchanged", candidate="unchanged", integrity=False), self.path, self.model)
 
 
 def prompt_ids(length: int, salt: int, n_vocab: int = 113) -> tuple[int, ...]:
@@ -114,7 +118,7 @@ def load(name_or_path: str) -> Workload:
 
 
 def parse(data: dict, path: Path | None = None) -> Workload:
-    known_top = {"name", "description", "sizing", "server", "requests", "expect"}
+    known_top = {"name", "description", "sizing", "server", "requests", "expect", "model"}
     unknown = set(data) - known_top
     if unknown:
         raise ValueError(f"unknown keys {sorted(unknown)}")
@@ -125,7 +129,9 @@ def parse(data: dict, path: Path | None = None) -> Workload:
     reqs = []
     for i, r in enumerate(data["requests"]):
         r = dict(r)
-        if "prompt" in r:
+        if "text" in r:
+            prompt = (0,) * int(r.pop("prompt_len"))
+        elif "prompt" in r:
             prompt = tuple(int(t) for t in r.pop("prompt"))
         else:
             prompt = prompt_ids(int(r.pop("prompt_len")), int(r.get("slot", i)))
@@ -137,4 +143,4 @@ def parse(data: dict, path: Path | None = None) -> Workload:
         raise ValueError(f"request slots {slots} must be distinct and within 0..{flags.parallel - 1}")
     exp = Expect(**data.get("expect", {}))
     return Workload(data["name"], data.get("description", ""), data.get("sizing", ""), flags,
-                    tuple(reqs), exp, path)
+                    tuple(reqs), exp, path, str(data.get("model", "tiny")))

@@ -30,3 +30,36 @@ def test_draft_differs_but_shares_vocabulary(tmp_path):
         f = r.fields["tokenizer.ggml.tokens"]
         tokens.append([bytes(f.parts[i]).decode() for i in f.data])
     assert tokens[0] == tokens[1]
+
+
+def test_every_family_is_deterministic_and_distinct(tmp_path):
+    """`patchkit model --arch NAME` twice gives the same bytes, for every family."""
+    import gguf
+    seen = {}
+    for name, spec in model.FAMILIES.items():
+        a = model.ensure(spec, tmp_path / f"{name}-a.gguf")
+        b = model.ensure(spec, tmp_path / f"{name}-b.gguf")
+        assert a.path.read_bytes() == b.path.read_bytes(), name
+        seen[name] = a.sha256
+        arch = gguf.GGUFReader(str(a.path)).fields["general.architecture"]
+        assert bytes(arch.parts[arch.data[0]]).decode() == spec.arch
+    assert len(set(seen.values())) == len(seen)
+    assert model.GEMMA2.sliding_window < 100, "the window must be shorter than the workloads' prompts"
+
+
+def test_model_cli_arch(tmp_path):
+    from click.testing import CliRunner
+
+    from toolkit.cli import cli
+    outs = [CliRunner().invoke(cli, ["model", "--arch", "lfm2", "--out", str(tmp_path / f"{k}.gguf")]) for k in "ab"]
+    assert all(o.exit_code == 0 for o in outs)
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
+def test_unknown_model_is_refused_clearly():
+    import pytest
+
+    from toolkit.errors import UsageError
+    with pytest.raises(UsageError) as e:
+        model.resolve("nope")
+    assert "gemma2" in str(e.value) and "smollm2" in str(e.value)

@@ -125,3 +125,23 @@ def test_state_detects_partial():
     assert patch.state(SRC.decode(), SPEC) == "clean"
     cut = out.replace("// patchkit:evict-largest-slot end", "", 1)
     assert patch.state(cut, SPEC) == "partial"
+
+
+@pytest.mark.parametrize("layout", ["A", "C2"])
+def test_cells_are_the_slots_tokens_not_positions(layout):
+    """The count reads the slot's own tokens less its undecoded entries (right on iSWA and
+    recurrent memory too); the memory's position span survives only as a hidden broken variant."""
+    f = facts(**LAYOUTS[layout]) if layout in LAYOUTS else facts()
+    out = patch.render(SRC, f, SPEC, stage=3).decode()
+    assert f"int32_t n = (int32_t) s.{f.cache_tokens}.size();" in out
+    assert "llama_memory_seq_pos_min" not in out
+    entry = "batch.seq_id[i][0] == s.id" if f.batch_model == "plain" else "batch.tokens[i].id_slot == s.id"
+    assert entry in out
+    old = patch.render(SRC, f, SPEC, stage=3, variant="count-positions").decode()
+    assert "llama_memory_seq_pos_min" in old and f"s.{f.cache_tokens}.size()" not in old
+
+
+def test_without_a_unified_pool_the_old_behaviour_stays():
+    out = patch.render(SRC, facts(kv_unified="params_base.kv_unified"), SPEC, stage=3).decode()
+    assert "if (!params_base.kv_unified) {\n            return false; // each slot has its own share" in out
+    assert "params_base.kv_unified" not in patch.render(SRC, facts(kv_unified=""), SPEC, stage=3).decode()
