@@ -147,24 +147,44 @@ def witness(run: Run, evs: tuple[measure.Overflow, ...]) -> Check:
                   if not problems else "; ".join(problems))
 
 
-def integrity(run: Run, control: Run) -> list[Check]:
-    """Survivors' token streams equal the control's; a victim's stream is a prefix of it."""
+def integrity(run: Run, control: Run, wl: Workload | None = None) -> list[Check]:
+    """Survivors' token streams equal the control's; a victim's stream is a prefix of it.
+
+    With `expect.integrity = "after-overflow"` (a real model, whose numerics depend on the batch
+    mix: a start one step apart changes the batch) a difference that begins before the slot's
+    overflow step cannot be the eviction's doing, so the control cannot judge that slot: it is
+    reported, not failed. A difference from the overflow step on is the patch's, and fails."""
+    lenient = wl is not None and wl.expect.integrity == "after-overflow"
+    steps = {}
+    if lenient:
+        for ev in measure.overflows(run, wl):
+            for s in ev.in_play:
+                steps.setdefault(s.slot, s.generated)
     ctl = {o.slot: o for o in control.outcomes}
-    problems = []
+    problems, unjudged = [], []
     for o in run.outcomes:
         ref = ctl.get(o.slot)
         if ref is None or ref.outcome != "completed":
             problems.append(f"slot {o.slot}: control did not complete")
             continue
         pos = first_difference(o.tokens, ref.tokens)
-        if o.outcome == "errored":
-            if pos is not None and pos < len(o.tokens):
-                problems.append(f"slot {o.slot} (victim): differs from control at token {pos}")
-        elif pos is not None:
-            problems.append(f"slot {o.slot}: differs from control at token {pos}")
-    return [_check("integrity", not problems,
-                   "survivors equal the control token for token; victims are prefixes" if not problems
-                   else "; ".join(problems))]
+        if o.outcome == "errored" and (pos is None or pos >= len(o.tokens)):
+            continue  # a victim's stream is a prefix of the control's
+        if pos is None:
+            continue
+        who = f"slot {o.slot}{' (victim)' if o.outcome == 'errored' else ''}"
+        if lenient and pos < steps.get(o.slot, len(o.tokens) + 1):
+            unjudged.append(f"{who} at token {pos}, before its overflow step {steps.get(o.slot, '-')}")
+        else:
+            problems.append(f"{who}: differs from control at token {pos}")
+    if problems:
+        return [Check("integrity", "fail", "; ".join(problems + [f"(not judged: {', '.join(unjudged)})"] * bool(unjudged)))]
+    if unjudged:
+        return [Check("integrity", "skip", "streams differ from the control before any eviction ("
+                      + "; ".join(unjudged) + "): this model's numerics depend on the batch mix, so the control "
+                      "cannot judge those slots; every other slot equals it, and nothing differs from an overflow "
+                      "step on")]
+    return [Check("integrity", "pass", "survivors equal the control token for token; victims are prefixes")]
 
 
 def first_difference(a, b) -> int | None:
@@ -205,7 +225,7 @@ def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None
     else:
         raise ValueError(f"unknown expectation '{mode}' in workload {wl.name}")
     if side == "candidate" and wl.expect.integrity:
-        checks += integrity(run, control) if control else [Check("integrity", "skip", "no control run")]
+        checks += integrity(run, control, wl) if control else [Check("integrity", "skip", "no control run")]
     return Verdict(wl.name, side, index, (start_shape(run, wl), *checks))
 
 

@@ -181,9 +181,79 @@ def _infer(v: Outcome, rel: dict[int, Offset], outs: dict[int, Outcome], pool: i
     return 0
 
 
+def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
+    """The overflow events from upstream's own verbose log: per step it names each generating
+    slot's batch entry, in batch order, with the cells that slot held ("slot decode token ...
+    n_tokens"), and it names the task each error went to. Exact, and independent of when the
+    client got to read its sockets (on a loaded machine whole streams arrive in one burst)."""
+    outs = {o.slot: o for o in run.outcomes}
+    tr = run.trace
+    slot_of = {t.task: t.slot for t in tr if t.kind == "launch"}
+    events: list[Overflow] = []
+    i = 0
+    while i < len(tr):
+        t = tr[i]
+        if not (t.kind == "error" and t.text == EXCEEDED and slot_of.get(t.task) in outs):
+            i += 1
+            continue
+        group, j = [], i
+        while j < len(tr) and tr[j].kind in ("error", "release"):  # errors sent in one go: one step
+            if tr[j].kind == "error" and tr[j].text == EXCEEDED and slot_of.get(tr[j].task) in outs:
+                group.append(slot_of[tr[j].task])
+            j += 1
+        step = max((k for k in range(i) if tr[k].kind == "step" and any(
+            x.kind == "entry" for x in tr[k:i])), default=-1)
+        entries = [x for x in tr[step:i] if x.kind == "entry" and x.slot in outs] if step >= 0 else []
+        size = next((x.value for x in tr[step:i] if x.kind == "batch"), len(entries)) if step >= 0 else 0
+        retries = [x for x in tr[step:i] if x.kind == "retry"] if step >= 0 else []
+        cells = {x.slot: x.value for x in entries}
+        free = run.pool - sum(cells.values())
+        off = retries[-1].value if retries else 0  # the last retry names the offset that then failed
+        # an offset that disagrees with the cells means the picture is incomplete (e.g. a prompt in
+        # the batch): report the log's offset and let `full` say the event does not add up
+        if free != off:
+            free = -1 if free > off else free
+        slots = [SlotAt(x.slot, outs[x.slot].prompt_tokens, x.value - outs[x.slot].prompt_tokens + 1,
+                        x.value + (1 if k < off else 0), k, 0, "server log") for k, x in enumerate(entries)]
+        for s_ in group:
+            if s_ not in cells:  # terminated with no entry of its own in the step: in its prompt
+                slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, 0, len(slots), 0, "server log"))
+        expected, margin, unc = _choose(slots, policy, wl)
+        err_at = outs[group[0]].t_end if group else 0.0
+        events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),
+                               expected, margin, unc))
+        i = j
+    return tuple(events)
+
+
+def trace_problems(run: Run) -> list[str]:
+    """Does upstream's log describe this run? Each slot's logged tokens must be the ones its client
+    received, in order (a log of another run, or a garbled one, cannot pass as evidence)."""
+    slot_of = {t.task: t.slot for t in run.trace if t.kind == "launch"}
+    tasks = {}
+    for t in run.trace:
+        if t.kind == "launch" and t.slot not in tasks:
+            tasks[t.slot] = t.task
+    logged: dict[int, list[int]] = {}
+    for t in run.trace:
+        if t.kind == "token" and slot_of.get(t.task) == t.slot and tasks.get(t.slot) == t.task:
+            logged.setdefault(t.slot, []).append(t.token)
+    problems = []
+    for o in run.outcomes:
+        if not o.tokens and o.slot not in logged:
+            continue
+        got = logged.get(o.slot, [])
+        if tuple(got[:len(o.tokens)]) != o.tokens:
+            problems.append(f"slot {o.slot}: the log's tokens are not the stream's")
+    return problems
+
+
 @lru_cache(maxsize=64)
 def overflows(run: Run, wl: Workload, policy: str = "largest") -> tuple[Overflow, ...]:
-    """Every overflow event of the run, measured (see the module doc)."""
+    """Every overflow event of the run, measured: from upstream's verbose log when the server
+    printed one (exact), else from the client's own records (see the module doc)."""
+    if any(t.kind == "entry" for t in run.trace):
+        return _from_trace(run, wl, policy)
     outs = {o.slot: o for o in run.outcomes}
     hit = sorted((o for o in run.outcomes if o.outcome == "errored" and o.error == EXCEEDED),
                  key=lambda o: (o.t_end, o.slot))
@@ -230,6 +300,25 @@ def overflows(run: Run, wl: Workload, policy: str = "largest") -> tuple[Overflow
     return tuple(events)
 
 
+def steps(run: Run) -> list[dict[int, int]]:
+    """From upstream's verbose log: for every decode step, each generating slot's cells when the
+    step began (its batch entry's "n_tokens"), in batch order. Empty without a verbose log."""
+    out: list[dict[int, int]] = []
+    cur: dict[int, int] | None = None
+    first: dict[int, int] = {}  # each slot's workload task (a later probe request is not the workload's)
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            cur = None
+        elif t.kind == "entry" and first.get(t.slot) == t.task:
+            if cur is None:
+                cur = {}
+                out.append(cur)
+            cur[t.slot] = t.value
+    return out
+
+
 @lru_cache(maxsize=64)
 def first_group_offsets(run: Run, wl: Workload) -> dict[int, Offset]:
     """Measured step offset of each request released with the first one, relative to it."""
@@ -237,6 +326,10 @@ def first_group_offsets(run: Run, wl: Workload) -> dict[int, Offset]:
     group = [r.slot for r in wl.requests if r.start_ms == first]
     outs = {o.slot: o for o in run.outcomes}
     ref = outs[group[0]]
+    together = next((st for st in steps(run) if all(s in st for s in group if s in outs)), None)
+    if together is not None:  # one step where all of them generate: sampled counts side by side
+        base = together[ref.slot] - ref.prompt_tokens
+        return {s: Offset(together[s] - outs[s].prompt_tokens - base, 0, "server log") for s in group[1:] if s in outs}
     return {s: offset(ref, outs[s], run.samples) for s in group[1:] if s in outs}
 
 

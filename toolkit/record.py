@@ -51,6 +51,20 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Trace:
+    """One line of upstream llama-server's own verbose log (`--verbose`), in log order. Upstream's
+    code, not the patch's: per step, each generating slot's batch entry and the cells it held
+    ("slot decode token ... n_tokens"), each sampled token ("n_gen ... next token"), the decode
+    retries with their offset, errors sent, releases, launches."""
+    kind: str        # step | entry | token | batch | retry | error | release | launch
+    slot: int = -1
+    task: int = -1
+    value: int = 0   # entry: cells held; token: n_gen; batch: entries; retry: off; release: n_tokens
+    token: int = -1  # entry / token: the token id; retry: n_batch
+    text: str = ""   # error: the message
+
+
+@dataclass(frozen=True)
 class Run:
     workload: str
     outcomes: tuple[Outcome, ...]
@@ -65,6 +79,7 @@ class Run:
     launch_spread_ms: float = 0.0  # largest gap between launches meant to be together (server log)
     sanitizer: tuple[str, ...] = ()  # AddressSanitizer / UBSan findings in the server log
     pool: int = 0              # KV cells the unified pool holds (the server's -c)
+    trace: tuple[Trace, ...] = ()  # upstream's verbose log, parsed (empty when the server printed none)
 
 
 SANITIZER_RE = re.compile(r"(ERROR: AddressSanitizer.*|runtime error: .*|ERROR: LeakSanitizer.*|"
@@ -110,3 +125,44 @@ def launch_times(log_text: str) -> dict[int, float]:
 def largest_gap(times: list[float]) -> float:
     ts = sorted(times)
     return max((b - a for a, b in zip(ts, ts[1:])), default=0.0)
+
+
+_SLOT = r"id +(\d+) \| task (-?\d+) \| "
+TRACE_RES = (
+    ("step", re.compile(r"update_slots: posting NEXT_RESPONSE")),
+    ("entry", re.compile(_SLOT + r"slot decode token, id=(-?\d+), n_ctx = \d+, n_tokens = (\d+)")),
+    ("token", re.compile(_SLOT + r"n_gen = (\d+), n_remaining = -?\d+, next token: +(-?\d+) ")),
+    ("retry", re.compile(r"retrying with smaller batch size, (?:off|i) = (\d+), n_batch = (\d+)")),
+    ("batch", re.compile(r"failed to find a memory slot for batch of size (\d+)")),
+    ("error", re.compile(r"send_error: task id = (-?\d+), error: (.*)$")),
+    ("release", re.compile(_SLOT + r"stop processing: n_tokens = (\d+)")),
+    ("launch", re.compile(_SLOT + r"processing task")),
+)
+
+
+def trace_from_log(text: str) -> tuple[Trace, ...]:
+    out = []
+    for line in text.splitlines():
+        for kind, rx in TRACE_RES:
+            m = rx.search(line)
+            if not m:
+                continue
+            g = m.groups()
+            if kind == "step":
+                out.append(Trace("step"))
+            elif kind == "entry":
+                out.append(Trace("entry", int(g[0]), int(g[1]), int(g[3]), int(g[2])))
+            elif kind == "token":
+                out.append(Trace("token", int(g[0]), int(g[1]), int(g[2]), int(g[3])))
+            elif kind == "batch":
+                out.append(Trace("batch", value=int(g[0])))
+            elif kind == "retry":
+                out.append(Trace("retry", value=int(g[0]), token=int(g[1])))
+            elif kind == "error":
+                out.append(Trace("error", task=int(g[0]), text=g[1].strip()))
+            elif kind == "release":
+                out.append(Trace("release", int(g[0]), int(g[1]), int(g[2])))
+            else:
+                out.append(Trace("launch", int(g[0]), int(g[1])))
+            break
+    return tuple(out)

@@ -146,25 +146,44 @@ def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
     if not outs:
         return "<p>no tokens were recorded in this run</p>"
     evs = measure.overflows(run, wl)
-    ref = next((o for o in run.outcomes if evs and o.slot == evs[0].terminated[0]), outs[0])
-    # step of each slot's first sampled token, relative to the reference (the first victim)
-    shift = {o.slot: 0 if o is ref else -measure.offset(ref, o, run.samples).steps for o in outs}
-    zero = evs[0].at(ref.slot).generated if evs else 0
     fig = Figure(figsize=(8, 3.4), dpi=96)
     ax = fig.add_subplot()
     ends = {"completed": ("o", "#2a7d2a", "completed"), "errored": ("X", "#c00000", "errored"),
             "truncated": ("^", "#d08000", "truncated")}
+    series: dict[int, list[tuple[int, int]]] = {}
+    table = measure.steps(run)
+    if table:
+        # upstream's log: every step's cells per slot, exact; step 0 is the first overflow's step
+        fail = next((k for k, st in enumerate(table) if evs and all(
+            st.get(x.slot) == x.cells - (1 if x.position < evs[0].off else 0) for x in evs[0].in_play)), len(table))
+        for k, st in enumerate(table):
+            for slot, c in st.items():
+                series.setdefault(slot, []).append((k - fail, c))
+    else:
+        # the client's tokens, aligned by the measured step offsets
+        ref = next((o for o in run.outcomes if evs and o.slot == evs[0].terminated[0]), outs[0])
+        shift = {o.slot: 0 if o is ref else -measure.offset(ref, o, run.samples).steps for o in outs}
+        zero = evs[0].at(ref.slot).generated if evs else 0
+        for o in outs:
+            series[o.slot] = [(k + shift[o.slot] - zero, o.prompt_tokens + k - 1) for k in range(1, len(o.tokens) + 1)]
     total: dict[int, int] = {}
-    for o in outs:
-        steps = [k + shift[o.slot] - zero for k in range(1, len(o.tokens) + 1)]
-        cells = [o.prompt_tokens + k - 1 for k in range(1, len(o.tokens) + 1)]
-        for x, c in zip(steps, cells):
+    by_slot = {o.slot: o for o in run.outcomes}
+    for slot, pts in sorted(series.items()):
+        o = by_slot.get(slot)
+        if o is None:
+            continue
+        for x, c in pts:
             total[x] = total.get(x, 0) + c
-        ax.plot(steps, cells, lw=1.4, label=f"slot {o.slot} (prompt {o.prompt_tokens}): {o.outcome}")
+        ax.plot([x for x, _ in pts], [c for _, c in pts], lw=1.4,
+                label=f"slot {slot} (prompt {o.prompt_tokens}): {o.outcome}")
         marker, colour, _ = ends.get(o.outcome, ("s", "#555555", o.outcome))
-        ax.plot(steps[-1], cells[-1], ls="none", marker=marker, color=colour, ms=9, mec="black", mew=0.8, zorder=5)
+        ax.plot(pts[-1][0], pts[-1][1], ls="none", marker=marker, color=colour, ms=9, mec="black", mew=0.8, zorder=5)
     for ev in evs:
-        x = ev.at(ev.terminated[0]).generated - zero if ev.at(ev.terminated[0]) else 0
+        if table:
+            x = next((k - fail for k, st in enumerate(table) if all(
+                st.get(s.slot) == s.cells - (1 if s.position < ev.off else 0) for s in ev.in_play)), 0)
+        else:
+            x = ev.at(ev.terminated[0]).generated - zero if ev.at(ev.terminated[0]) else 0
         ax.axvline(x, color="#c00000", ls="--", lw=1)
         who = ", ".join(f"slot {s} ({ev.at(s).cells} cells)" for s in ev.terminated)
         ax.annotate(f"overflow at off {ev.off}: {who} terminated", (x, run.pool), xytext=(-4, -12),

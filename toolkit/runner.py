@@ -25,7 +25,7 @@ import httpx
 from . import measure
 from .errors import UsageError
 from .exchange import exchange
-from .record import Run, Sample, events_from_log, largest_gap, launch_times, sanitizer_findings
+from .record import Run, Sample, events_from_log, largest_gap, launch_times, sanitizer_findings, trace_from_log
 from .server import Server
 from .workload import Request, Workload, prompt_ids
 
@@ -91,7 +91,9 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
 def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
              timeout: float = 120.0) -> Run:
     """A fresh server, every request, a follow-up probe, the server stopped."""
-    args = wl.server.argv()
+    # upstream's own per-step log (each slot's batch entry and cells, each token, retries, errors):
+    # the exact record measure.py judges from, whatever the client's scheduling was
+    args = wl.server.argv() + ["--verbose"]
     if wl.server.draft:
         if draft is None:
             raise UsageError(f"workload {wl.name} needs a draft model.")
@@ -128,4 +130,4 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
     text = log_path.read_text(errors="replace")
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
-               sanitizer=sanitizer_findings(text), pool=wl.server.ctx)
+               sanitizer=sanitizer_findings(text), pool=wl.server.ctx, trace=trace_from_log(text))

@@ -67,7 +67,9 @@ class Expect:
     base: str = "all-error"         # all-error | unchanged | same
     candidate: str = "one-victim"   # one-victim | unchanged | same (as the base run)
     victim: int | None = None       # the slot the sizing arithmetic predicts (the verdict uses the measured one)
-    integrity: bool = True          # survivors' streams == control, victim's a prefix
+    # survivors' streams == control, victim's a prefix. "after-overflow": judge only from each slot's
+    # overflow step on (a real model whose numerics depend on the batch mix; see compare.integrity)
+    integrity: bool | str = True
     # the workload puts the victim's undecoded entry before survivors' (so an eviction must
     # shift their batch indices): every judged run must show it, measured (measure.py)
     shift: bool = False

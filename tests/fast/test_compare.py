@@ -219,3 +219,25 @@ def test_sanitizer_findings_fail_the_run():
     dirty = replace(sim(WL), sanitizer=found)
     assert "2 finding(s)" in failed(compare.judge(WL, "candidate", dirty))["no-sanitizer-findings"]
     assert sanitizer_findings("all good\n") == ()
+
+
+def test_after_overflow_integrity_reports_early_differences_and_fails_late_ones():
+    """A real model's stream depends on the batch mix: a difference before the overflow step is not
+    the eviction's doing (reported, integrity skipped); one from the overflow step on fails."""
+    lenient = replace(WL, expect=replace(WL.expect, integrity="after-overflow"))
+    r = sim(WL)
+    early = list(r.outcomes)
+    toks = list(early[2].tokens)
+    toks[1] = 99
+    early[2] = replace(early[2], tokens=tuple(toks))
+    run_early = replace(r, outcomes=tuple(early))
+    c = {c.name: c for c in compare.judge(lenient, "candidate", run_early, control=control()).checks}["integrity"]
+    assert c.status == "skip" and "slot 2 at token 1, before its overflow step 187" in c.detail
+    assert "slot 2: differs from control at token 1" in failed(compare.judge(WL, "candidate", run_early,
+                                                                              control=control()))["integrity"]
+    late = list(r.outcomes)
+    toks = list(late[1].tokens)
+    toks[190] = 99
+    late[1] = replace(late[1], tokens=tuple(toks))
+    f = failed(compare.judge(lenient, "candidate", replace(r, outcomes=tuple(late)), control=control()))
+    assert "slot 1: differs from control at token 190" in f["integrity"]
