@@ -45,7 +45,12 @@ def _slots(outs, kind: str) -> list[int]:
 
 
 def server_checks(run: Run) -> list[Check]:
+    problems = measure.trace_problems(run) if run.trace else []
     return [
+        Check("log-matches-streams", "skip" if not run.trace else "fail" if problems else "pass",
+              "the server printed no verbose log; measured from the client's records" if not run.trace
+              else "; ".join(problems) if problems else
+              "upstream's log lists exactly the tokens each client received: the measurement reads this run"),
         _check("no-crash", run.exit_code is None and run.alive_after,
                "server alive after the workload" if run.alive_after
                else f"server died (exit code {run.exit_code})"),

@@ -7,13 +7,13 @@ purpose: it simulates the server forward, measure.py reasons backward from the c
 """
 from __future__ import annotations
 
-from toolkit.record import Event, Outcome, Run, Sample
+from toolkit.record import Event, Outcome, Run, Sample, Trace
 
 EXC = "Context size has been exceeded."
 
 
 def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="largest", dt=0.0002,
-             jitter=None, snapshots=(), lie=False, log=True, evict_extra=False):
+             jitter=None, snapshots=(), lie=False, log=True, evict_extra=False, verbose=True):
     """prompts/n_predict per slot; launch[slot] = the step its prompt is decoded (first token
     sampled); jitter(slot, k) -> extra arrival delay of its k-th token. snapshots: steps at which
     a /slots snapshot is taken (before that step's decode). lie: evict the runner-up and log it
@@ -27,7 +27,8 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
     state = ["waiting"] * n             # waiting | gen | done | error
     times = [[] for _ in range(n)]
     t_end = [0.0] * n
-    samples, events = [], []
+    samples, events, trace = [], [], []
+    toks = [[] for _ in range(n)]
     step = 0
     while any(s in ("waiting", "gen") for s in state) and step < 10_000:
         t = step * dt
@@ -36,6 +37,9 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
                 samples.append(Sample(t, j, cells[j], state[j] == "gen", gen[j] if state[j] == "gen" else 0))
         entries = [j for j in range(n) if state[j] == "gen"]
         free = pool - sum(cells)
+        trace.append(Trace("step"))
+        for j in entries:  # upstream's "slot decode token ... n_tokens" line: cells when the step began
+            trace.append(Trace("entry", j, j, cells[j], 10 + j + gen[j] - 1))
 
         def sample(j):  # the server samples right after each sub-batch it decodes
             cells[j] += 1
@@ -43,19 +47,23 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
                 return
             gen[j] += 1
             times[j].append(t + dt / 2 + jitter(j, gen[j]))
+            trace.append(Trace("token", j, j, gen[j], 10 + j + gen[j] - 1))
             if gen[j] >= npred[j]:
                 state[j], t_end[j] = "done", times[j][-1]
                 cells[j] = 0
 
         if len(entries) > free:
             off = free
+            trace.append(Trace("batch", value=len(entries)))
             for j in entries[:off]:
                 sample(j)
+            trace.append(Trace("retry", value=off, token=1))
             held = {j: cells[j] for j in entries if state[j] == "gen"}
             if not patched or len(held) < 2:
                 for j in held:
                     state[j], t_end[j] = "error", t + 0.0001
                     cells[j] = 0
+                    trace.append(Trace("error", task=j, text=EXC))
                 events.append(Event("error-all", off))
             else:
                 key = (lambda j: held[j]) if policy == "largest" else (lambda j: -held[j])
@@ -70,6 +78,7 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
                 for v in out:
                     state[v], t_end[v] = "error", t + 0.0001
                     cells[v] = 0
+                    trace.append(Trace("error", task=v, text=EXC))
                 for j in entries[off:]:
                     if state[j] == "gen":
                         sample(j)
@@ -80,6 +89,8 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
             if state[j] == "waiting" and launch[j] == step:
                 cells[j] = prompts[j]
                 gen[j] = 1
+                trace.append(Trace("launch", j, j))
+                trace.append(Trace("token", j, j, 1, 10 + j))
                 state[j] = "gen"
                 times[j].append(t + dt / 2 + jitter(j, 1))
         step += 1
@@ -93,4 +104,4 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
             outs.append(Outcome(j, "errored", 200, EXC, False, None, None, None, toks, prompts[j], npred[j],
                                 0.0, times[j][0] if times[j] else None, t_end[j], tuple(sorted(times[j]))))
     return Run("sim", tuple(outs), tuple(samples), tuple(events), True, True, None, step * dt, "log",
-               pool=pool)
+               pool=pool, trace=tuple(trace) if verbose else ())

@@ -75,12 +75,14 @@ def test_measured_cells_and_offset_match_the_simulated_server():
     assert [(s.slot, s.cells, s.position) for s in ev.in_play] == [(0, 226, 0), (1, 246, 1), (2, 266, 2), (3, 286, 3)]
 
 
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
 @pytest.mark.parametrize("launch", [[0, 0, 1, 3], [0, 7, 2, 30], [9, 0, 3, 40], [0, 0, 60, 60]])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_large_start_skew_and_jitter_judged_on_measurement(launch, seed):
+def test_large_start_skew_and_jitter_judged_on_measurement(launch, seed, verbose):
     """Requests that started up to 60 steps apart and arrive with stalls: the measured victim is
-    still the policy's, whatever slot that turns out to be, and the verdict holds."""
-    r = sim(WL, launch=launch, jitter=stalls(seed))
+    still the policy's, whatever slot that turns out to be, and the verdict holds; from upstream's
+    log, and from the client's own records when the server printed none."""
+    r = sim(WL, launch=launch, jitter=stalls(seed), verbose=verbose)
     evs = measure.overflows(r, WL)
     truth = [e for e in r.events if e.kind == "evict"]
     assert [e.terminated for e in evs] == [(t.victim,) for t in truth]
@@ -88,33 +90,37 @@ def test_large_start_skew_and_jitter_judged_on_measurement(launch, seed):
     assert v.ok, failed(v)
 
 
-def test_false_witness_fails_on_measurement_even_with_jitter():
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
+def test_false_witness_fails_on_measurement_even_with_jitter(verbose):
     """The patch evicts the runner-up and logs it as the largest: the measurement says otherwise."""
     for wl in (WL, WF, WM, load("staggered"), load("overflow-8")):
         n = len(wl.requests)
         r = simulate(prompts(wl), [r.n_predict for r in wl.requests], wl.server.ctx,
-                     launch=[0 if r.start_ms == 0 else 75 for r in wl.requests], lie=True, jitter=stalls(n))
+                     launch=[0 if r.start_ms == 0 else 75 for r in wl.requests], lie=True, jitter=stalls(n),
+                     verbose=verbose)
         v = compare.judge(wl, "candidate", r, control=simulate(prompts(wl), [r.n_predict for r in wl.requests], 8192))
         f = failed(v)
         assert "victim-is-largest" in f and "witness-agrees" in f, (wl.name, f)
         assert "log says slot" in f["witness-agrees"] or "log names victims" in f["witness-agrees"]
 
 
-def test_two_victims_in_one_step_fail():
-    v = judge(WL, evict_extra=True)
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
+def test_two_victims_in_one_step_fail(verbose):
+    v = judge(WL, evict_extra=True, verbose=verbose)
     f = failed(v)
     assert "one-victim-per-overflow" in f and "WRONG" in f["one-victim-per-overflow"]
 
 
-def test_shift_not_exercised_fails_for_shift_workloads_only():
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
+def test_shift_not_exercised_fails_for_shift_workloads_only(verbose):
     # slot 0 (the victim) launched 1 step early: the pool fills at off 1, its entry already decoded
-    r = sim(WF, launch=[0, 1, 1, 1])
+    r = sim(WF, launch=[0, 1, 1, 1], verbose=verbose)
     ev, = measure.overflows(r, WF)
     assert ev.terminated == (0,) and ev.off >= 1
     v = compare.judge(WF, "candidate", r, control=control(WF))
     assert "already decoded" in failed(v)["shift-exercised"]
     assert measure.shape(r, WF) is not None      # the runner would make this start again
-    assert measure.shape(sim(WF), WF) is None     # the designed start
+    assert measure.shape(sim(WF, verbose=verbose), WF) is None     # the designed start
 
 
 def test_patch_log_is_not_needed_but_must_agree():
@@ -130,7 +136,7 @@ def test_patch_log_is_not_needed_but_must_agree():
 
 
 def test_snapshots_make_survivor_counts_exact():
-    r = sim(WF, launch=[0, 5, 1, 3], snapshots=(50, 90), jitter=stalls(7, p=0.3))
+    r = sim(WF, launch=[0, 5, 1, 3], snapshots=(50, 90), jitter=stalls(7, p=0.3), verbose=False)
     ev, = measure.overflows(r, WF)
     assert all(s.spread == 0 and s.source in ("own stream", "/slots snapshot") for s in ev.in_play)
     truth = r.events[0]
@@ -241,3 +247,20 @@ def test_after_overflow_integrity_reports_early_differences_and_fails_late_ones(
     late[1] = replace(late[1], tokens=tuple(toks))
     f = failed(compare.judge(lenient, "candidate", replace(r, outcomes=tuple(late)), control=control()))
     assert "slot 1: differs from control at token 190" in f["integrity"]
+
+
+def test_server_log_measurement_is_exact_and_checked_against_the_streams():
+    """Upstream's log gives every slot's cells at the failing step, even when the client read
+    every stream in one burst (no arrival time says anything); and a log that is not this run's
+    is caught by its tokens."""
+    burst = sim(WF, launch=[0, 5, 1, 3], jitter=lambda slot, k: 0.5 - k * 0.0002)  # all arrive at 0.5 s
+    ev, = measure.overflows(burst, WF)
+    truth = burst.events[0]
+    assert ev.terminated == (truth.victim,) and ev.off == truth.off and ev.full
+    assert dict(truth.others) == {s.slot: s.cells for s in ev.in_play if s.slot != truth.victim}
+    assert all(s.source == "server log" and s.spread == 0 for s in ev.in_play)
+    assert measure.trace_problems(burst) == []
+    other = sim(WF, launch=[0, 1, 0, 2])
+    assert measure.trace_problems(replace(burst, trace=other.trace)) != []
+    f = failed(compare.judge(WF, "candidate", replace(burst, trace=other.trace), control=control(WF)))
+    assert "log-matches-streams" in f
