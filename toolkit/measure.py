@@ -350,16 +350,16 @@ def shift_exercised(ev: Overflow) -> tuple[bool, str]:
 def shape(run: Run, wl: Workload) -> str | None:
     """None when the run has the shape the workload is designed to judge; else why not.
     runner.py re-makes such a start while its budget lasts; compare.py judges either way."""
-    moved = {s: d for s, d in first_group_offsets(run, wl).items() if d.steps != 0}
     hits = [o for o in run.outcomes if o.error == EXCEEDED]
     if wl.expect.shift:
-        if moved:
-            return f"requests released together started generating steps apart: {_moved(moved)}"
         evs = overflows(run, wl)
-        if evs and len(evs[0].terminated) == 1 and not shift_exercised(evs[0])[0]:
-            return shift_exercised(evs[0])[1]
-    elif wl.expect.base == "all-error" and not hits and moved:
-        return f"no overflow, and the requests started steps apart: {_moved(moved)}"
+        if evs and len(evs[0].terminated) == 1:
+            ok, why = shift_exercised(evs[0])
+            return None if ok else why
+    if wl.expect.base == "all-error" and not hits:
+        moved = {s: d for s, d in first_group_offsets(run, wl).items() if d.steps != 0}
+        if moved:
+            return f"no overflow, and the requests started steps apart: {_moved(moved)}"
     return None
 
 

@@ -140,9 +140,16 @@ TRACE_RES = (
 )
 
 
+# a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
+_TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "retrying", "memory slot", "send_error",
+                "stop processing", "processing task")
+
+
 def trace_from_log(text: str) -> tuple[Trace, ...]:
     out = []
     for line in text.splitlines():
+        if not any(h in line for h in _TRACE_HINTS):
+            continue
         for kind, rx in TRACE_RES:
             m = rx.search(line)
             if not m:

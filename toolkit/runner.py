@@ -74,9 +74,13 @@ def _tokenized(srv: Server, r: Request) -> Request:
 
 
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
-        timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S) -> Run:
+        timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S,
+        want_shape: bool = True) -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
-    does not have the workload's designed shape. The last run is always kept and judged."""
+    does not have the workload's designed shape. The last run is always kept and judged.
+    `want_shape=False` (base and control runs: their expectations need no shape) runs once."""
+    if not want_shape:
+        attempts = 1
     deadline = time.monotonic() + budget_s
     for attempt in range(1, attempts + 1):
         r = run_once(binary, model, wl, log_path, draft=draft, timeout=timeout)

@@ -91,7 +91,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         if cand_bin and wl.expect.integrity:
             say(f"[{wl.name}] control run (no overflow, base binary)")
             control = run_workload(base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
-                                   draft=draft.path if draft else None)
+                                   draft=draft.path if draft else None, want_shape=False)
         base_runs, cand_runs, verdicts = [], [], []
         for k in range(repeat):
             say(f"[{wl.name}] base run {k + 1}/{repeat}")
