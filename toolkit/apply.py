@@ -22,6 +22,7 @@ from . import build as build_mod
 from . import cache, codeindex, patch
 from .errors import PatchError, RepoError, UsageError
 from .source import BOT, current_branch, dirty_files, resolve
+from .ui import log_progress
 
 TRAILER_PATCH = "Patchkit-Patch"
 TRAILER_RETURN = "Patchkit-Return-To"
@@ -51,7 +52,7 @@ class Applied:
 
 
 def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.Options = build_mod.Options(),
-            progress=lambda s: None) -> Analysis:
+            progress=log_progress) -> Analysis:
     """Configure (if needed) a private work tree at `commit`, parse the server TU, read the layout."""
     _precheck(repo, commit)
     ws = build_mod.checkout(repo, commit, opts, progress)
@@ -145,7 +146,7 @@ def _diff(rel: str, before: bytes, after: bytes) -> str:
 
 def candidate_commit(repo: git.Repo, base: str, patch_name: str = patch.DEFAULT_PATCH, policy: str = "largest",
                      variant: str | None = None, opts: build_mod.Options = build_mod.Options(),
-                     progress=lambda s: None) -> tuple[str, Analysis]:
+                     progress=log_progress) -> tuple[str, Analysis]:
     """The patched series on `base` as commit objects only (verify's default candidate)."""
     spec = patch.load_patch(patch_name)
     an = analyze(repo, base, spec, opts, progress)
@@ -161,7 +162,7 @@ def candidate_commit(repo: git.Repo, base: str, patch_name: str = patch.DEFAULT_
 
 def apply(repo: git.Repo, *, patch_name: str = patch.DEFAULT_PATCH, policy: str = "largest",
           branch: str | None = None, check: bool = False, variant: str | None = None,
-          opts: build_mod.Options = build_mod.Options(), progress=lambda s: None) -> Applied:
+          opts: build_mod.Options = build_mod.Options(), progress=log_progress) -> Applied:
     start = time.monotonic()
     spec = patch.load_patch(patch_name)
     if policy not in spec.policies:

@@ -16,7 +16,6 @@ build of content that was built before (any branch, any repo) is instant.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -30,6 +29,7 @@ import git
 from . import cache, codeindex, proc
 from .errors import BuildError, UsageError
 from .source import resolve
+from .ui import log_progress
 
 # docs/DESIGN.md, section 8: offline flags that work on every layout.
 OFFLINE_FLAGS = (
@@ -103,17 +103,6 @@ class Built:
 
 
 ProgressFn = Callable[[str], None]
-_log = logging.getLogger("patchkit.build")
-_last = [0.0]
-
-
-def log_progress(msg: str) -> None:
-    """The default progress when no UI asks: the `patchkit.build` logger, Ninja's [n/N] lines at
-    most every 10 s (the real test tier shows these live, so a 20-minute build is never silent)."""
-    if msg.startswith("[") and time.monotonic() - _last[0] < 10:
-        return
-    _last[0] = time.monotonic()
-    _log.info(msg)
 
 
 
@@ -172,7 +161,8 @@ def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: 
             or not stamp.exists() or json.loads(stamp.read_text()) != list(flags)):
         progress("configuring with CMake")
         res = proc.stream(["cmake", "-S", src, "-B", build, "-G", "Ninja", *flags],
-                          log_path=logp, env=_env(root), timeout=900)
+                          log_path=logp, env=_env(root), timeout=900,
+                          on_line=lambda line: progress("  cmake: " + line.strip()[-100:]) if line.strip() else None)
         if res.rc != 0:
             raise BuildError(f"CMake configure failed (exit {res.rc}): {first_error(res.out)}", log=str(logp))
         _generate_headers(build, logp, root)

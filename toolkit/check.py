@@ -23,6 +23,7 @@ from . import codeindex, patch, proc
 from .compare import Check
 from .errors import PatchError
 from .source import resolve
+from .ui import log_progress
 
 DIAG = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):(?P<col>\d+): (?P<sev>warning|error|fatal error): (?P<msg>.*)$")
 
@@ -115,7 +116,7 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
 
 
 def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAULT_PATCH,
-          opts: build_mod.Options = build_mod.Options(), progress=lambda s: None) -> CheckResult:
+          opts: build_mod.Options = build_mod.Options(), progress=log_progress) -> CheckResult:
     spec = patch.load_patch(patch_name)
     commit = resolve(repo, ref)
     ws = build_mod.checkout(repo, commit, opts, progress)
@@ -179,7 +180,7 @@ class PropertyResult:
 
 
 def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 20000,
-                   opts: build_mod.Options = build_mod.Options(), progress=lambda s: None) -> PropertyResult:
+                   opts: build_mod.Options = build_mod.Options(), progress=log_progress) -> PropertyResult:
     """Compile the patched TU's prefix (through the batch-surgery function) plus a random-batch
     driver with the TU's own flags, link it against the tree's own static libraries, run it."""
     spec = patch.load_patch()

@@ -4,10 +4,24 @@ GitHub Actions gets collapsible groups; --json (quiet) silences progress entirel
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
 from contextlib import contextmanager
+
+_log = logging.getLogger("patchkit")
+_last = [0.0]
+
+
+def log_progress(msg: str) -> None:
+    """The library's default progress when no UI asks: the `patchkit` logger (the real test tier
+    shows it live, so a long step is never silent). Lines of a running tool's output ("[n/N]"
+    steps, `  ` continuation lines) at most every 10 s; every stage line at once."""
+    if msg.startswith(("[", "  ")) and time.monotonic() - _last[0] < 10:
+        return
+    _last[0] = time.monotonic()
+    _log.info(msg)
 
 
 class UI:
@@ -22,16 +36,18 @@ class UI:
             sys.stderr.write("\r\033[K")
             self._live = False
 
+    # quiet (--json, or a library caller): nothing on stderr; the lines go to the `patchkit` logger,
+    # which prints nothing unless someone configured it (the test tier shows it live)
     def say(self, msg: str) -> None:
         if self.quiet:
-            return
+            return log_progress(msg)
         self._clear()
         print(msg, file=sys.stderr, flush=True)
 
     def progress(self, msg: str) -> None:
         """A transient line on a terminal (overwritten), a normal line elsewhere but rate-limited."""
         if self.quiet:
-            return
+            return log_progress(msg)
         if self.tty:
             sys.stderr.write("\r\033[K" + msg[: os.get_terminal_size(2).columns - 1])
             sys.stderr.flush()

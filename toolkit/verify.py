@@ -19,6 +19,7 @@ from . import compare, model
 from .record import Run
 from .runner import run as run_workload
 from .workload import Workload
+from .ui import log_progress
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,
                       commit=None, policy="largest", variant=None, opts=build_mod.Options(),
-                      progress=lambda s: None) -> tuple[str, str, str | None, str | None]:
+                      progress=log_progress) -> tuple[str, str, str | None, str | None]:
     """(candidate commit, label, layout, source commit). With no option: the default patch on the base."""
     from . import apply as apply_mod
     from . import patch as patch_mod
