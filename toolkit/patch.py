@@ -57,6 +57,7 @@ class Facts:
     hook_at: int              # byte offset: just after '{' of the n_batch == 1 && ret == 1 branch
     hook_indent: str
     kv_unified: str = ""      # expression telling whether the KV pool is unified ("" if the tree has none)
+    task_family: bool = False  # n_cmpl: server_task::id_parent links children to the parent whose cells they share
 
 
 @dataclass(frozen=True)
@@ -244,10 +245,12 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
         _indent_at(source, branch.extent.start.offset) + "    "
     # the server reads the unified-pool switch from its own params; without it there is one pool
     kv_unified = "params_base.kv_unified" if re.search(rb"\bparams_base\.kv_unified\b", source) else ""
+    # children of an n_cmpl task name their parent (task->id_parent) and share its prompt cells
+    task_family = bool(re.search(rb"task->id_parent\b", source)) and "->task" in task_id
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
-                 hook_indent, kv_unified)
+                 hook_indent, kv_unified, task_family)
 
 
 def _above_comments(source: bytes, offset: int) -> int:

@@ -145,3 +145,10 @@ def test_without_a_unified_pool_the_old_behaviour_stays():
     out = patch.render(SRC, facts(kv_unified="params_base.kv_unified"), SPEC, stage=3).decode()
     assert "if (!params_base.kv_unified) {\n            return false; // each slot has its own share" in out
     assert "params_base.kv_unified" not in patch.render(SRC, facts(kv_unified=""), SPEC, stage=3).decode()
+
+
+def test_n_cmpl_children_do_not_count_the_shared_prompt():
+    out = patch.render(SRC, facts(task_family=True), SPEC, stage=3).decode()
+    assert "const int fam = s.task->id_parent >= 0 ? s.task->id_parent : s.task->id;" in out
+    assert "n -= std::min(n, (int32_t) s.task->n_tokens());" in out
+    assert "id_parent" not in patch.render(SRC, facts(task_family=False), SPEC, stage=3).decode()
