@@ -35,7 +35,7 @@ def pk(*args, env) -> float:
 
 
 def starts(report: Path) -> str:
-    """Server starts per workload run (lock-step retries), from a report.json."""
+    """Server starts per workload run (starts made again for their shape), from a report.json."""
     runs = [r for w in json.loads(report.read_text())["workloads"].values()
             for r in (w["base"] + w["candidate"] + ([w["control"]] if w.get("control") else []))]
     return f"{sum(r['attempts'] for r in runs)} server starts for {len(runs)} runs"

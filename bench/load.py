@@ -5,8 +5,10 @@
 
 Runs `bash ci/run.sh demo` once idle, then --runs times while --hogs CPU hogs run beside it
 (`stress-ng --cpu N` when installed, else N `yes > /dev/null`), then `patchkit verify --repeat R`
-(the whole default suite) under the same load. Prints each run's wall time, verdict, and the
-server starts it needed. Caches are the usual ones (run a demo first for warm figures).
+(the whole default suite) under the same load, then the two broken variants under that load
+(`no-remap` on victim-first/-middle, `false-witness` on three overflow workloads): each must
+be caught in every run. Prints each run's wall time, verdict, and the server starts it needed
+(for a variant, PASS means "failed as it must"). Caches are the usual ones (run a demo first).
 """
 from __future__ import annotations
 
@@ -64,6 +66,16 @@ def summary(path: Path) -> str:
             + (f"; failed {failed}" if failed else ""))
 
 
+def caught(path: Path, check: str) -> str:
+    """How many candidate runs of a broken variant failed `check` (they all should)."""
+    if not path.exists():
+        return "no report"
+    runs = [v for w in json.loads(path.read_text())["workloads"].values() for v in w["verdicts"]
+            if v["side"] == "candidate"]
+    hit = sum(any(c["name"] == check and c["status"] == "fail" for c in v["checks"]) for v in runs)
+    return f"caught by {check} in {hit}/{len(runs)} candidate runs"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -85,6 +97,14 @@ def main() -> None:
         wall, rc, s = timed([sys.executable, "-m", "toolkit", "verify", "--repeat", str(args.repeat),
                              "--report-dir", str(d)], d)
         rows.append((f"verify --repeat {args.repeat}, {what}", wall, rc, s))
+        for variant, names, check in (("no-remap", ["victim-first", "victim-middle"], "integrity"),
+                                      ("false-witness", ["overflow-4", "victim-first", "staggered"],
+                                       "victim-is-largest")):
+            d = out / variant
+            argv = [sys.executable, "-m", "toolkit", "verify", "--variant", variant, "--repeat", str(args.repeat),
+                    "--report-dir", str(d)] + [a for n in names for a in ("--workload", n)]
+            wall, rc, _ = timed(argv, d)
+            rows.append((f"--variant {variant}, {what}", wall, 0 if rc == 1 else rc, caught(d / "report.json", check)))
     for name, wall, rc, s in rows:
         print(f"{name:<44} {wall:7.1f} s  {'PASS' if rc == 0 else f'FAIL (exit {rc})':<14} {s}")
     print(f"reports under {out}")
