@@ -15,7 +15,8 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "==> installing system packages: ${need[*]} (apt-get; a minute or two)" >&2
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  # -q, not silent: chromium alone takes a minute to unpack, and a silent minute looks like a hang
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" | { grep -E "^(Get|Unpacking|Setting up)" || true; }
 fi
 
 PY=${PYTHON:-python3}
@@ -25,7 +26,7 @@ installed=$(cd / && $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx,
 json_source_map, matplotlib, os; print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
 if [ "$installed" != "$here" ] || ! command -v patchkit >/dev/null 2>&1 || ! command -v actionlint >/dev/null 2>&1; then
   echo "==> installing patchkit and its Python dependencies" >&2
-  $PY -m pip install -q --disable-pip-version-check -e '.[test]'
+  $PY -m pip install --disable-pip-version-check --progress-bar off -e '.[test]' | { grep -E "^(Collecting|Installing|Successfully)" || true; }
 fi
 
 case "${1:-}" in
