@@ -122,6 +122,19 @@ def launch_times(log_text: str) -> dict[int, float]:
     return at
 
 
+POOL_RE = re.compile(r"llama_kv_cache(?:_iswa)?: (?:creating non-SWA KV cache, )?size = +[\d.]+ \w+ \( *(\d+) cells|"
+                     r"llama_kv_cache_iswa: creating non-SWA KV cache, size = (\d+) cells")
+
+
+def pool_cells(log_text: str, ctx: int) -> int:
+    """The unified pool's cells as the server built it (llama.cpp pads -c, e.g. 278 -> 512); the
+    first KV cache the log names is the full-attention one (iSWA names it first too)."""
+    m = POOL_RE.search(log_text)
+    if m:
+        return int(m.group(1) or m.group(2))
+    return -(-ctx // 256) * 256
+
+
 def largest_gap(times: list[float]) -> float:
     ts = sorted(times)
     return max((b - a for a, b in zip(ts, ts[1:])), default=0.0)

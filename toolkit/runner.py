@@ -25,7 +25,8 @@ import httpx
 from . import measure
 from .errors import UsageError
 from .exchange import exchange
-from .record import Run, Sample, events_from_log, largest_gap, launch_times, sanitizer_findings, trace_from_log
+from .record import (Run, Sample, events_from_log, largest_gap, launch_times, pool_cells, sanitizer_findings,
+                     trace_from_log)
 from .server import Server
 from .workload import Request, Workload, prompt_ids
 
@@ -134,4 +135,4 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
     text = log_path.read_text(errors="replace")
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
-               sanitizer=sanitizer_findings(text), pool=wl.server.ctx, trace=trace_from_log(text))
+               sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text))

@@ -264,3 +264,19 @@ def test_server_log_measurement_is_exact_and_checked_against_the_streams():
     assert measure.trace_problems(replace(burst, trace=other.trace)) != []
     f = failed(compare.judge(WF, "candidate", replace(burst, trace=other.trace), control=control(WF)))
     assert "log-matches-streams" in f
+
+
+def test_same_as_base_allows_an_errored_stream_to_stop_a_step_apart_but_nothing_else():
+    wl = load("speculative")
+    base = simulate([40, 60, 80, 100], 240, 1024, patched=False)
+    later = simulate([40, 60, 80, 100], 240, 1024, patched=False, launch=[0, 0, 1, 0])
+    c = {c.name: c for c in compare.judge(wl, "candidate", later, base=base).checks}["same-as-base"]
+    assert c.status == "pass" and "prefixes" in c.detail
+    outs = list(later.outcomes)
+    toks = list(outs[1].tokens)
+    toks[5] = 99
+    outs[1] = replace(outs[1], tokens=tuple(toks))
+    f = failed(compare.judge(wl, "candidate", replace(later, outcomes=tuple(outs)), base=base))
+    assert "slot 1: errored -> errored, tokens differ at 5" in f["same-as-base"]
+    evicted = simulate([40, 60, 80, 100], 240, 1024)
+    assert "slot 0: errored -> completed" in failed(compare.judge(wl, "candidate", evicted, base=base))["same-as-base"]

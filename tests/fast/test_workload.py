@@ -91,3 +91,12 @@ def test_request_body_pins_the_slot_and_is_greedy():
     body = r.body()
     assert body["id_slot"] == 2 and body["ignore_eos"] and body["temperature"] == 0.0
     assert body["return_tokens"] and body["n_predict"] == 240 and len(body["prompt"]) == 80
+
+
+def test_pool_is_what_the_server_built():
+    plain = "0.00.005.874 I llama_kv_cache: size =    0.50 MiB (   512 cells,   2 layers,  2/1 seqs), K (f16)"
+    iswa = ("0.00.008.614 I llama_kv_cache_iswa: creating non-SWA KV cache, size = 1024 cells\n"
+            "0.00.008.664 I llama_kv_cache_iswa: creating     SWA KV cache, size = 768 cells")
+    assert record.pool_cells(plain, 278) == 512      # llama.cpp pads -c 278
+    assert record.pool_cells(iswa, 1024) == 1024     # the full-attention cache, not the window's
+    assert record.pool_cells("", 278) == 512         # no log: the same padding rule
