@@ -34,8 +34,8 @@ from .workload import Request, Workload, prompt_ids
 # starts), then the last one is judged as it is: on its measurements.
 ATTEMPTS = 60
 RETRY_BUDGET_S = 60.0
-POLL_S = 0.005
-_log = logging.getLogger("patchkit.run")  # /slots between steps: one snapshot while requests generate aligns them exactly
+POLL_S = 0.005  # /slots between steps: one snapshot while requests generate aligns them (the fallback evidence)
+_log = logging.getLogger("patchkit.run")
 
 
 def _poll_slots(srv: Server, t0: float, stop: threading.Event, into: list[Sample]) -> None:
@@ -79,7 +79,7 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
         want_shape: bool = True) -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
     does not have the workload's designed shape. The last run is always kept and judged.
-    `want_shape=False` (base and control runs: their expectations need no shape) runs once."""
+    `want_shape=False` (the no-overflow control: nothing to shape) runs once."""
     if not want_shape:
         attempts = 1
     deadline = time.monotonic() + budget_s
