@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -218,15 +219,31 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
             argv[1:1] = ["-j", str(opts.jobs)]
         steps = 0
 
+        latest = ["starting"]
+
         def on_line(line: str) -> None:
             nonlocal steps
             m = PROGRESS.match(line)
             if m:
                 steps = int(m.group(1))
-                progress(f"[{m.group(1)}/{m.group(2)}] {m.group(3)[-90:]}")
+                latest[0] = f"[{m.group(1)}/{m.group(2)}] {m.group(3)[-90:]}"
+                progress(latest[0])
+
+        # one sanitizer TU can compile for minutes without a Ninja line: say so every 20 s
+        done = threading.Event()
+
+        def heartbeat() -> None:
+            while not done.wait(20):
+                progress(f"  still building ({time.monotonic() - start:.0f} s), last: {latest[0]}")
 
         progress(f"building {TARGET} at {commit[:12]} (log: {ws.log})")
-        res = proc.stream(argv, log_path=ws.log, on_line=on_line, env=_env(root), timeout=3600)
+        beat = threading.Thread(target=heartbeat, daemon=True)
+        beat.start()
+        try:
+            res = proc.stream(argv, log_path=ws.log, on_line=on_line, env=_env(root), timeout=3600)
+        finally:
+            done.set()
+            beat.join()
         if res.rc != 0:
             raise BuildError(f"{TARGET} did not build at {commit[:12]}: {first_error(res.out)}", log=str(ws.log))
         out = ws.build / "bin" / TARGET

@@ -18,7 +18,7 @@ def log_progress(msg: str) -> None:
     """The library's default progress when no UI asks: the `patchkit` logger (the real test tier
     shows it live, so a long step is never silent). Lines of a running tool's output ("[n/N]"
     steps, `  ` continuation lines) at most every 10 s; every stage line at once."""
-    if msg.startswith(("[", "  ")) and time.monotonic() - _last[0] < 10:
+    if msg.startswith(("[", "  ")) and time.monotonic() - _last[0] < 10 and "still" not in msg:
         return
     _last[0] = time.monotonic()
     _log.info(msg)
