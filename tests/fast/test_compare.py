@@ -280,3 +280,15 @@ def test_same_as_base_allows_an_errored_stream_to_stop_a_step_apart_but_nothing_
     assert "slot 1: errored -> errored, tokens differ at 5" in f["same-as-base"]
     evicted = simulate([40, 60, 80, 100], 240, 1024)
     assert "slot 0: errored -> completed" in failed(compare.judge(wl, "candidate", evicted, base=base))["same-as-base"]
+
+
+def test_an_overflow_workload_without_an_overflow_is_made_again():
+    """A late group that joined after the early pair was nearly done never met it in the pool:
+    the runner makes such a start again (measured from upstream's log), the verdict would fail."""
+    wl = load("staggered")
+    p, n = [len(r.prompt) for r in wl.requests], [r.n_predict for r in wl.requests]
+    late = simulate(p, n, wl.server.ctx, launch=[0, 0, 600, 600])
+    assert not any(o.error for o in late.outcomes)
+    why = measure.shape(late, wl)
+    assert why.startswith("no overflow: the requests started generating up to") and int(why.split()[-3]) > 300
+    assert measure.shape(simulate(p, n, wl.server.ctx, launch=[0, 0, 75, 75]), wl) is None
