@@ -197,12 +197,19 @@ class Spawned:
 
     @contextmanager
     def paused(self):
-        """SIGSTOP the child for the duration (every thread stops at once); SIGCONT always follows."""
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        """SIGSTOP the child for the duration (every thread stops at once); SIGCONT always follows.
+        A child that is already gone is not an error here: what it did not answer is recorded."""
+        try:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
         try:
             yield
         finally:
-            os.kill(self.proc.pid, signal.SIGCONT)
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def returncode(self) -> int | None:
         return self.proc.poll()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,18 @@ from .conftest import clone, snapshot
 
 LONG = workload.parse({"name": "long", "server": {"ctx": 8192, "parallel": 2},
                        "expect": {"base": "unchanged", "candidate": "unchanged", "integrity": False},
-                       "requests": [{"slot": 0, "prompt_len": 20, "n_predict": 3000},
-                                    {"slot": 1, "prompt_len": 20, "n_predict": 3000}]})
+                       "requests": [{"slot": 0, "prompt_len": 20, "n_predict": 4000},
+                                    {"slot": 1, "prompt_len": 20, "n_predict": 4000}]})
+
+
+def _wait_streaming(log: Path, timeout=30):
+    """Until the server (run with --verbose) has sampled tokens for the workload: mid-stream."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text(errors="replace").count("n_gen = ") >= 20:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the server never started streaming")
 
 
 def patchkit(*args, env=None, **kw):
@@ -167,7 +178,7 @@ def test_server_killed_mid_workload(c2_base, tmp_path):
     m = model.ensure()
     th, box = _in_thread(lambda: runner.run_once(c2_base.binary, m.path, LONG, tmp_path / "k.log", timeout=30))
     pid = _wait_child()
-    time.sleep(0.6)  # ready + streaming
+    _wait_streaming(tmp_path / "k.log")  # 2 x 4000 tokens: seconds of streaming left
     os.kill(pid, signal.SIGKILL)
     th.join(60)
     r = box["r"]
@@ -181,7 +192,7 @@ def test_request_timeout_is_an_outcome(c2_base, tmp_path):
     m = model.ensure()
     th, box = _in_thread(lambda: runner.run_once(c2_base.binary, m.path, LONG, tmp_path / "t.log", timeout=2))
     pid = _wait_child()
-    time.sleep(0.6)
+    _wait_streaming(tmp_path / "t.log")
     os.kill(pid, signal.SIGSTOP)  # the server hangs: nothing arrives any more
     try:
         time.sleep(3)
