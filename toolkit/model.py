@@ -71,7 +71,9 @@ def default_path(spec: ModelSpec = TINY) -> Path:
 
 def _spec_key(spec: ModelSpec) -> str:
     import gguf
-    return cache.digest(asdict(spec), vocabulary(), getattr(gguf, "__version__", "?"), n=12)
+    # the writing code is part of the key: a changed writer must not serve a file the old one wrote
+    return cache.digest(asdict(spec), vocabulary(), getattr(gguf, "__version__", "?"), Path(__file__).read_bytes(),
+                        n=12)
 
 
 def sha256_of(path: Path) -> str:
