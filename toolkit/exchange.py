@@ -62,6 +62,7 @@ class Exchange:
         self.status = self.error = self.stop_type = self.truncated = self.predicted = None
         self.t_start = 0.0
         self.t_first = None
+        self.t_end: float | None = None  # set when the exchange ends
         self.t_last = time.monotonic()
         self.done = False          # `data: [DONE]` (stream) or a whole 200 body (non-stream)
         self.finished = False      # the exchange is over, whatever happened
@@ -153,7 +154,7 @@ class Exchange:
             self.sock.close()
 
     def outcome(self) -> Outcome:
-        t_end = getattr(self, "t_end", time.monotonic() - self.t0)
+        t_end = self.t_end if self.t_end is not None else time.monotonic() - self.t0
         return Outcome(self.req.slot, self.kind or "timeout", self.status, self.error, self.done, self.stop_type,
                        self.truncated, self.predicted, tuple(self.tokens), len(self.req.prompt), self.req.n_predict,
                        self.t_start, self.t_first, t_end, tuple(self.token_t))

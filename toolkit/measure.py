@@ -367,7 +367,3 @@ def shape(run: Run, wl: Workload) -> str | None:
         return (f"no overflow: the requests started generating up to {spread} steps apart"
                 if first_step else "no overflow")
     return None
-
-
-def _moved(moved: dict[int, Offset]) -> str:
-    return ", ".join(f"slot {s} {d.steps:+d} ({d.source})" for s, d in sorted(moved.items()))

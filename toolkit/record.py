@@ -122,7 +122,7 @@ def launch_times(log_text: str) -> dict[int, float]:
     return at
 
 
-POOL_RE = re.compile(r"llama_kv_cache(?:_iswa)?: (?:creating non-SWA KV cache, )?size = +[\d.]+ \w+ \( *(\d+) cells|"
+POOL_RE = re.compile(r"llama_kv_cache: size = +[\d.]+ \w+ \( *(\d+) cells|"
                      r"llama_kv_cache_iswa: creating non-SWA KV cache, size = (\d+) cells")
 
 

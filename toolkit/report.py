@@ -131,6 +131,12 @@ def write(res: Result, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def _step_of(table: list[dict[int, int]], ev: measure.Overflow) -> int:
+    """Index of the step whose cells (when it began) are the overflow's: its failing step."""
+    return next((k for k, st in enumerate(table) if all(
+        st.get(s.slot) == s.cells - (1 if s.position < ev.off else 0) for s in ev.in_play)), len(table))
+
+
 def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
     """Per slot, the KV cells it holds (prompt + tokens sampled) over server steps, from the
     per-token record aligned by the measured step offsets (measure.py), so arrival jitter does
@@ -154,8 +160,7 @@ def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
     table = measure.steps(run)
     if table:
         # upstream's log: every step's cells per slot, exact; step 0 is the first overflow's step
-        fail = next((k for k, st in enumerate(table) if evs and all(
-            st.get(x.slot) == x.cells - (1 if x.position < evs[0].off else 0) for x in evs[0].in_play)), len(table))
+        fail = _step_of(table, evs[0]) if evs else len(table)
         for k, st in enumerate(table):
             for slot, c in st.items():
                 series.setdefault(slot, []).append((k - fail, c))
@@ -180,8 +185,7 @@ def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
         ax.plot(pts[-1][0], pts[-1][1], ls="none", marker=marker, color=colour, ms=9, mec="black", mew=0.8, zorder=5)
     for ev in evs:
         if table:
-            x = next((k - fail for k, st in enumerate(table) if all(
-                st.get(s.slot) == s.cells - (1 if s.position < ev.off else 0) for s in ev.in_play)), 0)
+            x = _step_of(table, ev) - fail
         else:
             x = ev.at(ev.terminated[0]).generated - zero if ev.at(ev.terminated[0]) else 0
         ax.axvline(x, color="#c00000", ls="--", lw=1)

@@ -176,9 +176,10 @@ def choose_base(repo: git.Repo, base_ref: str | None, candidate_ref: str | None)
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
            baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
            out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None) -> Result:
+    from .apply import series_base
+
     base, why = choose_base(repo, base_ref, candidate_ref)
     ui.say(f"base {base[:12]}: {why}")
-    from .apply import series_base
     if not (baseline_only or candidate_ref or patch_file or commit) and series_base(repo, base):
         raise UsageError(f"the base {base[:12]} already carries a patchkit series ({why}); applying the patch "
                          "on it again would judge the patch against itself. Pass --base with the commit before "
