@@ -74,16 +74,7 @@ def test_integrity_oracle_catches_missing_remap(trees, tmp_path, layout):
             ev, = measure.overflows(c, wr.workload)
             victim = ev.at(ev.terminated[0])
             shifted = {s.slot: s.generated for s in ev.in_play if s.position > victim.position}
-            if integrity.status == "pass":
-                # without the remap a shifted survivor samples from the row of the entry after it: the
-                # run can only hide the bug when those rows' greedy tokens coincide (measured: 1 run in
-                # ~30 with the tiny model's repetitive output). Then they must coincide, every one.
-                ctl = {o.slot: o.tokens for o in wr.control.outcomes}
-                order = sorted(shifted, key=lambda s: ev.at(s).position)
-                assert len(order) > 1 and all(ctl[a][shifted[a]] == ctl[b][shifted[b]]
-                                              for a, b in zip(order, order[1:])), \
-                    f"{wr.workload.name} run {v.run_index}: a missing remap went unnoticed"
-                continue
+            assert integrity.status == "fail", f"{wr.workload.name} run {v.run_index}: a missing remap went unnoticed"
             assert "control did not complete" not in integrity.detail
             # the reason: a survivor whose entry sat after the victim's sampled from a stale row in the
             # eviction step, i.e. its stream differs first at exactly the token of that step
