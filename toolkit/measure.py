@@ -334,16 +334,17 @@ def first_group_offsets(run: Run, wl: Workload) -> dict[int, Offset]:
 
 
 def shift_exercised(ev: Overflow) -> tuple[bool, str]:
-    """Did this eviction have to move survivors? The victim's entry must not be decoded yet
-    (position >= off) and a survivor's entry must come after it."""
-    if len(ev.terminated) != 1:
-        return False, f"{len(ev.terminated)} requests terminated in one step"
-    v = ev.at(ev.terminated[0])
+    """Did this overflow demand a shift? The POLICY's victim (measured, not the one the candidate
+    chose: judging the shape by the candidate's choice would retry until a wrong-victim variant
+    happens to pick right) must have an entry not decoded yet and a survivor's entry after it."""
+    if len(ev.expected) != 1:
+        return False, f"the policy's victim is not unique: {list(ev.expected)}"
+    v = ev.at(ev.expected[0])
     after = [s.slot for s in ev.in_play if s.position > v.position]
     # measured (C2, victim-middle): with the failure at off 1 a missing remap once went unseen by the
     # integrity oracle although the victim's entry sat at 1; every run failing at off 0 showed it
     ok = ev.off == 0 and v.position >= ev.off and bool(after)
-    return ok, (f"victim slot {v.slot} at batch position {v.position}, failure at off {ev.off}: "
+    return ok, (f"policy's victim slot {v.slot} at batch position {v.position}, failure at off {ev.off}: "
                 + (f"survivors {after} had to shift down" if ok else
                    "its entry was already decoded, nothing shifts" if v.position < ev.off
                    else "the designed failure is at off 0" if ev.off
@@ -356,7 +357,7 @@ def shape(run: Run, wl: Workload) -> str | None:
     hits = [o for o in run.outcomes if o.error == EXCEEDED]
     if wl.expect.shift:
         evs = overflows(run, wl)
-        if evs and len(evs[0].terminated) == 1:
+        if evs and len(evs[0].terminated) == 1:      # a candidate's run (the base errors all)
             ok, why = shift_exercised(evs[0])
             return None if ok else why
     if wl.expect.base == "all-error" and not hits:

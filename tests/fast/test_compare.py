@@ -123,6 +123,19 @@ def test_shift_not_exercised_fails_for_shift_workloads_only(verbose):
     assert measure.shape(sim(WF, verbose=verbose), WF) is None     # the designed start
 
 
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
+def test_shape_is_the_policys_not_the_candidates(verbose):
+    """A candidate that evicts the wrong slot on the designed start must be judged, not re-made:
+    a shape read from the terminated slot retried count-positions (swa-victim-first, CI) until it
+    happened to pick the largest, and the wrong-victim variant passed."""
+    r = sim(WF, policy="smallest", verbose=verbose)        # terminates slot 3, the last entry
+    ev, = measure.overflows(r, WF)
+    assert ev.terminated == (3,) and ev.expected == (0,) and ev.off == 0
+    assert measure.shape(r, WF) is None
+    f = failed(compare.judge(WF, "candidate", r, control=control(WF)))
+    assert "victim-is-largest" in f and "shift-exercised" not in f
+
+
 def test_patch_log_is_not_needed_but_must_agree():
     v = judge(WL, log=False)
     assert v.ok and {c.name: c.status for c in v.checks}["witness-agrees"] == "skip"
