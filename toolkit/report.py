@@ -51,6 +51,7 @@ def to_json(res: Result) -> dict:
         "base_commit": res.base_commit, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source, "policy": res.policy, "layout": res.layout,
         "model_sha256": res.model_sha256,
+        "expect": res.expect, "expect_why": res.expect_why,
         "timings_s": {k: round(v, 2) for k, v in res.timings},
         "workloads": {},
     }

@@ -15,10 +15,11 @@ import git
 from .errors import UsageError
 
 from . import build as build_mod
-from . import compare, model
+from . import compare, measure, model
 from .record import Run
 from .runner import run as run_workload
 from .workload import Workload
+from .workload import load as load_workload
 from .ui import log_progress
 
 
@@ -49,6 +50,8 @@ class Result:
     results: tuple[WorkloadResult, ...]
     timings: tuple[tuple[str, float], ...]
     model_sha256: str
+    expect: str = "eviction"      # the expectations applied: eviction | no-regression
+    expect_why: str = ""
 
     @property
     def ok(self) -> bool:
@@ -61,8 +64,8 @@ Say = Callable[[str], None]
 def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, workloads: list[Workload], *,
               repeat: int = 1, work_dir: Path, opts: build_mod.Options = build_mod.Options(),
               policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
-              layout: str | None = None, model_name: str | None = None,
-              say: Say = print, progress: Say = lambda s: None) -> Result:
+              layout: str | None = None, model_name: str | None = None, expect: str = "auto",
+              base_reference: bool = False, say: Say = print, progress: Say = lambda s: None) -> Result:
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -84,7 +87,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     draft = model.ensure(model.DRAFT) if any(w.server.draft for w in workloads) else None
     work_dir.mkdir(parents=True, exist_ok=True)
 
-    results = []
+    recorded = []
     t_runs = time.monotonic()
     for wl in workloads:
         tiny = models[model_name or wl.model]
@@ -93,29 +96,77 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
             say(f"[{wl.name}] control run (no overflow, base binary)")
             control = run_workload(base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
                                    draft=draft.path if draft else None, want_shape=False)
-        base_runs, cand_runs, verdicts = [], [], []
+        base_runs, cand_runs = [], []
         for k in range(repeat):
             say(f"[{wl.name}] base run {k + 1}/{repeat}")
-            r = run_workload(base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
-                             draft=draft.path if draft else None)
-            base_runs.append(r)
-            verdicts.append(compare.judge(wl, "base", r, k))
+            base_runs.append(run_workload(base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
+                                          draft=draft.path if draft else None))
             if cand_bin:
                 say(f"[{wl.name}] candidate run {k + 1}/{repeat}")
-                c = run_workload(cand_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.candidate.{k}.log",
-                                 draft=draft.path if draft else None)
-                cand_runs.append(c)
-                verdicts.append(compare.judge(wl, "candidate", c, k, control, policy, base=r))
+                cand_runs.append(run_workload(cand_bin.binary, tiny.path, wl,
+                                              work_dir / f"{wl.name}.candidate.{k}.log",
+                                              draft=draft.path if draft else None))
+        recorded.append((wl, tiny, control, base_runs, cand_runs))
+    measured = [(w, b, c) for w, _, _, b, c in recorded]
+    if (expect == "auto" and cand_bin and not candidate_label.startswith("patch ")
+            and not any(w.expect.base == "all-error" for w in workloads)):
+        # whether a side evicts is measured on an overflow workload; without one in this list (a
+        # shard of the gate's matrix) run the probe on both sides, so every shard decides alike
+        probe = load_workload(PROBE)
+        say(f"[{PROBE}] probe runs (measure whether each side evicts; not judged)")
+        pm = models[model_name] if model_name else model.resolve(probe.model, say)
+        measured.append((probe, [run_workload(base_bin.binary, pm.path, probe, work_dir / "probe.base.log")],
+                         [run_workload(cand_bin.binary, pm.path, probe, work_dir / "probe.candidate.log")]))
+    timings.append(("workloads", time.monotonic() - t_runs))
+
+    applied, why, base_evicts = expectations(expect, measured, candidate_label)
+    base_reference = base_reference or base_evicts
+    say(f"expectations: {applied} ({why})")
+    results = []
+    for wl, tiny, control, base_runs, cand_runs in recorded:
+        verdicts = []
+        for k, r in enumerate(base_runs):
+            verdicts.append(compare.judge(wl, "base", r, k, expect=applied, base_reference=base_reference))
+            if k < len(cand_runs):
+                verdicts.append(compare.judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
+                                              expect=applied, base_reference=base_reference))
         res = WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts),
                              model_name or wl.model, tiny.sha256)
         say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
-    timings.append(("workloads", time.monotonic() - t_runs))
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
-                  tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "")
+                  tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
+                  applied, why)
 
 
+def expectations(expect: str, recorded, label: str) -> tuple[str, str, bool]:
+    """(expectations applied, why, does the base side already evict). `auto`: the eviction
+    expectations when the candidate is patchkit's patch or when it measurably evicts on an
+    overflow workload; else no-regression (any other change: it must not make anything worse)."""
+    def evicting(side: int) -> list[str]:
+        return [w.name for w, *runs in recorded for r in runs[side]
+                if w.expect.base == "all-error" and measure.evicts(r, w)]
+    base_ev, cand_ev = evicting(0), evicting(1)
+    if not any(runs[1] for _, *runs in recorded):
+        return "eviction", "baseline only: the base must show the bug", False
+    base_note = (f"; the base side already evicts (measured on {', '.join(dict.fromkeys(base_ev))}): it is the "
+                 "reference, and the candidate must also not regress from it") if base_ev else ""
+    if expect == "eviction":
+        return "eviction", "asked for (--expect eviction)" + base_note, bool(base_ev)
+    if expect == "no-regression":
+        return "no-regression", "asked for (--expect no-regression)", bool(base_ev)
+    if label.startswith("patch "):
+        return "eviction", f"auto: the candidate is {label}" + base_note, bool(base_ev)
+    if cand_ev:
+        return "eviction", (f"auto: the candidate evicts (measured: fewer requests terminated than were in play "
+                            f"on {', '.join(dict.fromkeys(cand_ev))})" + base_note), bool(base_ev)
+    return "no-regression", ("auto: the candidate does not evict on any overflow workload (measured), so it is "
+                             "judged for no regression against the base"), bool(base_ev)
+
+
+# The overflow workload that decides `--expect auto` when the judged list has none.
+PROBE = "overflow-4"
 # With a real model (`--model smollm2`): workloads of real text, sized in the model's own tokens.
 REAL_SUITE = ["text-overflow-4"]
 # The default suite, in the order that shows the most first.
@@ -175,7 +226,8 @@ def choose_base(repo: git.Repo, base_ref: str | None, candidate_ref: str | None)
 
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
            baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
-           out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None) -> Result:
+           out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None,
+           expect: str = "auto") -> Result:
     from .apply import series_base
 
     base, why = choose_base(repo, base_ref, candidate_ref)
@@ -197,6 +249,6 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
     with ui.step("builds and workloads"):
         res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
                         policy=policy, candidate_label=label, candidate_source=src, layout=layout,
-                        model_name=model_name, say=ui.say,
+                        model_name=model_name, expect=expect, say=ui.say,
                         progress=ui.progress)
     return replace(res, timings=prep + res.timings)

@@ -77,3 +77,21 @@ def c2_patched(c2, c2_base):
     repo = git.Repo(c2.path)
     sha, _ = apply.candidate_commit(repo, c2.commit)
     return build.build(repo, sha)
+
+
+def commit_on(repo: git.Repo, parent: str, files: dict[str, str], msg: str) -> str:
+    """A commit of `files` on `parent` (a PR's head, as a contributor would push it), made with a
+    private index: the checkout, its index and its refs are not touched."""
+    idx = str(Path(repo.git_dir) / "pk-test-index")
+    env = {"GIT_INDEX_FILE": idx}
+    repo.git.read_tree(parent, env=env)
+    for path, text in files.items():
+        tmp = Path(repo.git_dir) / "pk-test-blob"
+        tmp.write_text(text)
+        blob = repo.git.hash_object("-w", str(tmp))
+        repo.git.update_index("--add", "--cacheinfo", f"100644,{blob},{path}", env=env)
+    tree = repo.git.write_tree(env=env)
+    who = {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com", "GIT_COMMITTER_NAME": "dev",
+           "GIT_COMMITTER_EMAIL": "dev@example.com", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+           "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
+    return repo.git.commit_tree(tree, "-p", parent, "-m", msg, env=who)

@@ -39,26 +39,31 @@ def _pin_setup(c2, tmp_path, variant=None):
         sha = apply.apply(repo).head_commit
         repo.git.checkout("-q", "main")
     url = f"https://github.com/ggml-org/llama.cpp/pull/99999/commits/{sha}"
+    # the fork's file before the change: no pins yet; after: this one
+    old = tmp_path / "old-pr-set.json"
+    old.write_text(SAMPLE.read_text().replace(SAMPLE_PINS, ""))
     new = tmp_path / "pr-set.json"
-    text = SAMPLE.read_text()
-    new.write_text(text.replace('3333333333333333333333333333333333333333"',
-                                f'3333333333333333333333333333333333333333",\n    "{url}"'))
-    return repo, sha, url, new
+    new.write_text(SAMPLE.read_text().replace(SAMPLE_PINS, f'\n    "{url}"\n  '))
+    return repo, sha, url, old, new
+
+
+SAMPLE_PINS = SAMPLE.read_text()[SAMPLE.read_text().index('"prs": [') + 8:SAMPLE.read_text().rindex("]")]
 
 
 def test_gate_then_pin_end_to_end(c2, c2_base, tmp_path):
-    repo, sha, url, new = _pin_setup(c2, tmp_path)
+    repo, sha, url, old, new = _pin_setup(c2, tmp_path)
     summary = tmp_path / "summary.md"
     res = patchkit("ci", "--repo", str(tmp_path / "llama.cpp"), "--base", "main", "--pr-set", str(new),
-                   "--old-pr-set", str(SAMPLE), "--report-dir", str(tmp_path / "reports"), "--summary", str(summary),
+                   "--old-pr-set", str(old), "--report-dir", str(tmp_path / "reports"), "--summary", str(summary),
                    "--workload", "overflow-4", "--workload", "victim-middle")
-    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
-    assert f"PASS {url}" in res.stdout
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.strip().endswith("PASS")
     md = summary.read_text()
-    assert "ggml-org#99999" in md and "| slot | prompt | base | candidate | error |" in md
-    report = next((tmp_path / "reports").glob("ggml-org-99999-*/report.json"))
+    assert "## patchkit pin gate: PASS" in md and "ggml-org/llama.cpp#99999" in md
+    assert "| workload | run | slot | prompt | before | after | error |" in md
+    report = tmp_path / "reports" / "report.json"
     data = json.loads(report.read_text())
-    assert data["ok"] and data["candidate_source_commit"] == sha
+    assert data["ok"] and data["candidate_source_commit"] == sha and data["expect"] == "eviction"
     # the passing report lets the pin land, in the fork's file
     fork = tmp_path / "fork-pr-set.json"
     fork.write_bytes(SAMPLE.read_bytes())
@@ -74,18 +79,21 @@ def assert_only_tail_changed(old: str, new: str) -> bool:
 
 
 def test_gate_fails_a_broken_pin(c2, c2_base, tmp_path):
-    repo, sha, url, new = _pin_setup(c2, tmp_path, variant="no-remap")
+    """workflow_dispatch: one URL appended to the fork's (empty) pr-set."""
+    repo, sha, url, old, new = _pin_setup(c2, tmp_path, variant="no-remap")
     res = patchkit("ci", "--repo", str(tmp_path / "llama.cpp"), "--base", "main", "--url", url,
-                   "--report-dir", str(tmp_path / "reports"), "--summary", str(tmp_path / "s.md"),
-                   "--workload", "victim-first")
-    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
-    assert f"FAIL {url}" in res.stdout
-    report = next((tmp_path / "reports").glob("*/report.json"))
-    # failed for the right reason: the integrity oracle, survivors differing from the control, and
-    # nothing else (not a crash, not a start that missed its shape, not the victim's choice)
+                   "--old-pr-set", str(old), "--report-dir", str(tmp_path / "reports"),
+                   "--summary", str(tmp_path / "s.md"), "--workload", "victim-first")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    gate = json.loads((tmp_path / "reports" / "gate.json").read_text())
+    assert [c["url"] for c in gate["culprits"]] == [url]
+    report = tmp_path / "reports" / "report.json"
+    # failed for the right reason: the integrity oracle, survivors differing from the control (and,
+    # as a consequence, from the before side's streams); not a crash, not the victim's choice
     fails = {(v["side"], c["name"]): c["detail"] for v in json.loads(report.read_text())["workloads"]["victim-first"][
         "verdicts"] for c in v["checks"] if c["status"] == "fail"}
-    assert set(fails) == {("candidate", "integrity")}, fails
+    assert ("candidate", "integrity") in fails and set(fails) <= {("candidate", "integrity"),
+                                                                 ("candidate", "no-regression")}, fails
     assert "differs from control at token" in fails["candidate", "integrity"]
     fork = tmp_path / "fork.json"
     fork.write_bytes(SAMPLE.read_bytes())

@@ -1,0 +1,162 @@
+"""Issue 13 for real: `patchkit ci` judges the nightly before and after a pr-set.json change,
+on the default tree, with pins made by the test as commits a contributor would push:
+
+  E  the eviction patch (patchkit's series on the base)
+  H  a harmless, unrelated change (docs)
+  R  a regression: slot 1's token budget capped at 200 (one survivor loses its last 40 tokens)
+  N  the eviction without the index remap (the `no-remap` variant)
+  X  on a base that already carries the eviction: a pin that takes it out again
+
+Each gate builds the mixes in the cached tree's object store (no checkout touched); a build
+of a tree seen before is a cache hit, so only the mixes with R cost a compile."""
+import json
+import subprocess
+import sys
+
+import git
+import pytest
+
+from toolkit import apply
+
+from .conftest import commit_on
+
+SERVER = "tools/server/server-context.cpp"
+BUDGET = "        slot.n_predict_max = task.params.n_predict != -1 ? task.params.n_predict : params_base.n_predict;\n"
+WORKLOADS = "overflow-4,victim-first,fits"
+
+
+def patchkit(*args):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True)
+
+
+def url(pr: int, sha: str) -> str:
+    return f"https://github.com/ggml-org/llama.cpp/pull/{pr}/commits/{sha}"
+
+
+@pytest.fixture(scope="module")
+def pins(c2, c2_patched):
+    repo = git.Repo(c2.path)
+    base = c2.commit
+    text = repo.git.show(f"{base}:{SERVER}") + "\n"
+    assert BUDGET in text, "the regression's anchor moved: update BUDGET for this tree"
+    evict = apply.candidate_commit(repo, base)[0]
+    return {
+        "base": base,
+        "E": evict,
+        "H": commit_on(repo, base, {"docs/patchkit-gate-note.md": "A harmless pin: docs only.\n"}, "docs: a note"),
+        "R": commit_on(repo, base, {SERVER: text.replace(BUDGET, BUDGET + (
+            "        if (slot.id == 1 && slot.n_predict_max > 200) { slot.n_predict_max = 200; }  // a deliberate regression\n"))},
+            "server: cap slot 1's budget"),
+        "N": apply.candidate_commit(repo, base, variant="no-remap")[0],
+        "X": commit_on(repo, evict, {SERVER: text}, "server: take the eviction out again"),
+    }
+
+
+def pr_set(tmp_path, name, entries) -> str:
+    p = tmp_path / f"{name}.json"
+    p.write_text(json.dumps({"_doc": ["test"], "prs": entries}, indent=2) + "\n")
+    return str(p)
+
+
+def ci(c2, tmp_path, name, old, new, *extra, base=None):
+    out = tmp_path / name
+    res = patchkit("ci", "--repo", c2.path, "--base", base or c2.commit, "--old-pr-set", pr_set(tmp_path, name + "-old", old),
+                   "--pr-set", pr_set(tmp_path, name + "-new", new), "--workload", WORKLOADS,
+                   "--report-dir", str(out), "--summary", str(tmp_path / f"{name}.md"), *extra)
+    data = json.loads((out / "gate.json").read_text()) if (out / "gate.json").exists() else None
+    return res, data
+
+
+def failing(data) -> dict[str, list[str]]:
+    return {name: w["failed"] for name, w in data["workloads"].items() if w["failed"]}
+
+
+def test_three_added_pins_name_the_regressing_one(c2, pins, tmp_path):
+    E, H, R = url(101, pins["E"]), url(102, pins["H"]), url(103, pins["R"])
+    res, data = ci(c2, tmp_path, "ehr", [], [E, H, R])
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [c["pin"] for c in data["culprits"]] == ["ggml-org/llama.cpp#103"], data["culprits"]
+    # why: R's slot 1 stops at 200 of 240 tokens: a survivor that completed before now does not
+    blame = {b["pin"]: b for b in data["blame"]}
+    assert blame["ggml-org/llama.cpp#101"]["ok"] and blame["ggml-org/llama.cpp#102"]["ok"]
+    assert any("no-regression: slot 1: completed (240 tokens) -> truncated (200 tokens)" in f
+               for f in blame["ggml-org/llama.cpp#103"]["failed"]), blame
+    assert data["expect"] == "eviction" and "measured" in data["expect_why"]
+    md = (tmp_path / "ehr.md").read_text()
+    assert "## patchkit pin gate: FAIL" in md and "responsible pin**: ggml-org/llama.cpp#103" in md
+    assert "| workload | run | slot | prompt | before | after | error |" in md
+    assert "| fits **FAIL** | 0 | 1 |" in md and "truncated 200/240" in md
+    # without the regressing pin the same change passes, with the eviction expectations
+    res, data = ci(c2, tmp_path, "eh", [], [E, H])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert data["ok"] and not data["culprits"] and data["expect"] == "eviction"
+    after = json.loads((tmp_path / "eh" / "report.json").read_text())
+    checks = {c["name"] for v in after["workloads"]["victim-first"]["verdicts"] if v["side"] == "candidate"
+              for c in v["checks"]}
+    assert {"victim-is-largest", "integrity", "no-regression", "shift-exercised"} <= checks
+
+
+def test_a_harmless_pin_is_judged_for_no_regression(c2, pins, tmp_path):
+    res, data = ci(c2, tmp_path, "h", [], [url(102, pins["H"])])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert data["expect"] == "no-regression" and "does not evict" in data["expect_why"]
+    # the base side is the reference: its all-error outcome is what the pin is compared with
+    rep = json.loads((tmp_path / "h" / "report.json").read_text())
+    base_checks = {c["name"]: c["status"] for v in rep["workloads"]["overflow-4"]["verdicts"] if v["side"] == "base"
+                   for c in v["checks"]}
+    assert base_checks["reference"] == "skip" and "all-slots-errored" not in base_checks
+
+
+def test_the_no_remap_pin_fails_for_integrity(c2, pins, tmp_path):
+    res, data = ci(c2, tmp_path, "n", [url(102, pins["H"])], [url(102, pins["H"]), url(104, pins["N"])],
+                   "--workload", "victim-first")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [c["pin"] for c in data["culprits"]] == ["ggml-org/llama.cpp#104"]
+    fails = failing(data)
+    integ = [f for f in fails["victim-first"] if " integrity: " in f]
+    assert integ and "differs from control at token" in integ[0], fails
+    # nothing else failed but what a missing remap causes: corrupted survivor streams
+    assert all(" integrity: " in f or ("no-regression" in f and "tokens differ" in f) for f in fails["victim-first"])
+    assert set(fails) == {"victim-first"}, fails
+
+
+def test_a_base_that_already_evicts(c2, pins, tmp_path):
+    """The base carries the eviction (it landed upstream): a harmless pin passes with the eviction
+    expectations, the base a reference; a pin that takes the eviction out fails for no-regression."""
+    H, X = url(102, pins["H"]), url(105, pins["X"])
+    res, data = ci(c2, tmp_path, "bh", [], [H], base=pins["E"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert data["expect"] == "eviction" and "the base side already evicts" in data["expect_why"]
+    res, data = ci(c2, tmp_path, "bx", [], [X], base=pins["E"])
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert data["expect"] == "no-regression" and [c["pin"] for c in data["culprits"]] == ["ggml-org/llama.cpp#105"]
+    assert any("no-regression: slot 0: completed (240 tokens) -> errored" in f for f in failing(data)["overflow-4"])
+
+
+def test_sharded_gate_gives_the_unsharded_verdicts(c2, pins, tmp_path):
+    """`ci --plan` -> one `ci --shard` per matrix entry -> `report merge`: the same verdicts,
+    failing checks and responsible pin as one unsharded run."""
+    E, R = url(101, pins["E"]), url(103, pins["R"])
+    old, new = pr_set(tmp_path, "s-old", []), pr_set(tmp_path, "s-new", [E, R])
+    wl = "overflow-4,fits"
+    plan = json.loads(patchkit("ci", "--plan", "--old-pr-set", old, "--pr-set", new, "--workload", wl).stdout)
+    assert [m["workloads"] for m in plan["include"]] == ["overflow-4", "fits"] and len(plan["key"]) == 16
+    dirs = []
+    for k, m in enumerate(plan["include"]):
+        d = tmp_path / f"shard-{k}"
+        patchkit("ci", "--repo", c2.path, "--base", c2.commit, "--old-pr-set", old, "--pr-set", new,
+                 "--workload", m["workloads"], "--shard", m["name"], "--report-dir", str(d))
+        dirs.append(str(d))
+    merged = patchkit("report", "merge", *dirs, "--out", str(tmp_path / "merged"), "--summary", str(tmp_path / "m.md"))
+    whole = patchkit("ci", "--repo", c2.path, "--base", c2.commit, "--old-pr-set", old, "--pr-set", new,
+                     "--workload", wl, "--report-dir", str(tmp_path / "whole"))
+    assert merged.returncode == whole.returncode == 1, merged.stdout + merged.stderr + whole.stdout[-2000:]
+    m = json.loads((tmp_path / "merged" / "gate.json").read_text())
+    w = json.loads((tmp_path / "whole" / "gate.json").read_text())
+    assert m["shards"] == ["overflow-4 #1", "fits #1"]
+    assert m["culprits"] == w["culprits"] and [c["pin"] for c in m["culprits"]] == ["ggml-org/llama.cpp#103"]
+
+    def verdicts(d):
+        return {n: (x["ok"], sorted(f.split(":")[0] for f in x["failed"])) for n, x in d["workloads"].items()}
+    assert verdicts(m) == verdicts(w), (verdicts(m), verdicts(w))
+    assert "responsible pin**: ggml-org/llama.cpp#103" in (tmp_path / "m.md").read_text()
