@@ -476,7 +476,7 @@ def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, w
         workload.load(w)
     if plan_only:
         _emit_json(gate.plan(base=base_ref, old_text=old_text, new_text=new_text or json.dumps(urls),
-                             workloads=wl_names, repeat=repeat, sanitize=sanitize))
+                             workloads=wl_names, repeat=repeat, sanitize=sanitize, entries=old + new))
         return
     if not repo:
         raise UsageError("--repo is required (a llama.cpp checkout with the pinned commits fetched).")

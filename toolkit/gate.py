@@ -236,13 +236,15 @@ def write(data: dict, out_dir: Path) -> Path:
 # ---------------------------------------------------------------- the job matrix
 
 def plan(*, base: str, old_text: str | None, new_text: str, workloads: list[str] | None, repeat: int,
-         sanitize: str | None) -> dict:
+         sanitize: str | None, entries: list[Entry] = ()) -> dict:
     """A GitHub Actions matrix: one shard per workload x repeat, plus one sanitizer shard.
-    `key` names the mix (base + both pr-sets) for the caches."""
+    `key` names the mix (base + both pr-sets) for the caches; `pins` (old and new, validated)
+    are what the jobs fetch."""
     key = hashlib.sha256(json.dumps([base, old_text or "", new_text]).encode()).hexdigest()[:16]
     include = [{"name": f"{w} #{k + 1}", "workloads": w, "sanitize": ""}
                for w in (workloads or pipeline.SUITE) for k in range(repeat)]
     if sanitize:
         include.append({"name": f"sanitize {sanitize}", "workloads": ",".join(workloads or pipeline.SUITE),
                         "sanitize": sanitize})
-    return {"key": key, "include": include}
+    pins = {e.pin.url: {"owner": e.pin.owner, "pr": e.pin.pr, "sha": e.pin.sha} for e in entries}
+    return {"key": key, "include": include, "pins": list(pins.values())}

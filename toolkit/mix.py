@@ -150,19 +150,19 @@ def _resolve_pure_adds(text: str) -> str | None:
             out.append(lines[i])
             i += 1
             continue
-        ours, base, theirs, part = [], [], [], "ours"
+        ours, base, theirs, part, diff3 = [], [], [], "ours", False
         i += 1
         while i < len(lines) and not lines[i].startswith(">>>>>>> "):
             ln = lines[i]
             if ln.startswith("||||||| "):
-                part = "base"
+                part, diff3 = "base", True
             elif ln.startswith("=======") and ln.rstrip("\n") == "=======":
                 part = "theirs"
             else:
                 {"ours": ours, "base": base, "theirs": theirs}[part].append(ln)
             i += 1
-        if i == len(lines) or base or part != "theirs":
-            return None
+        if i == len(lines) or base or part != "theirs" or not diff3:
+            return None     # unterminated, a base line changed, or no base part to tell
         out += ours + theirs
         i += 1
     return "".join(out)

@@ -1,0 +1,116 @@
+"""The gate's pure parts: no-regression, which expectations apply (and why), the nightly's
+add/add resolver, the shard matrix, merging shards' gate.json, the step summary."""
+from dataclasses import replace
+
+import pytest
+
+from toolkit import compare, gate, mix
+from toolkit.errors import ReportError
+from toolkit.verify import expectations
+from toolkit.workload import load
+
+from .sim import simulate
+
+WL = load("overflow-4")
+FITS = load("fits")
+
+
+def sim(wl, **kw):
+    return simulate([len(r.prompt) for r in wl.requests], 240, wl.server.ctx, **kw)
+
+
+def with_outcome(run, slot, **kw):
+    return replace(run, outcomes=tuple(replace(o, **kw) if o.slot == slot else o for o in run.outcomes))
+
+
+def test_no_regression_passes_an_improvement_and_names_a_lost_survivor():
+    before, after = sim(WL, patched=False), sim(WL)
+    c, = compare.no_regression(after, before, WL)
+    assert c.status == "pass" and "better" in c.detail
+    # a survivor that completed before and stops at 200 tokens now
+    ref = sim(WL)
+    cut = with_outcome(ref, 1, outcome="truncated", tokens=ref.outcomes[1].tokens[:200])
+    c, = compare.no_regression(cut, ref, WL)
+    assert c.status == "fail" and "slot 1: completed (240 tokens) -> truncated (200 tokens)" in c.detail
+    # same outcome, different tokens: fails on the tiny models, only reported on a real model
+    bad = with_outcome(ref, 2, tokens=(7,) + ref.outcomes[2].tokens[1:])
+    assert compare.no_regression(bad, ref, WL)[0].detail == "slot 2: tokens differ from the before side at token 0"
+    text = load("text-overflow-4")
+    assert compare.no_regression(bad, ref, text)[0].status == "pass"
+
+
+def test_a_crash_or_timeout_is_a_regression_even_from_an_error():
+    before = sim(WL, patched=False)
+    after = with_outcome(before, 0, outcome="timeout")
+    c, = compare.no_regression(after, before, WL)
+    assert c.status == "fail" and "slot 0: errored" in c.detail and "-> timeout" in c.detail
+
+
+def test_expectations_are_measured_not_assumed():
+    evicting, bug = sim(WL), sim(WL, patched=False)
+    applied, why, base_ev = expectations("auto", [(WL, [bug], [evicting])], "commit abc merged into base")
+    assert (applied, base_ev) == ("eviction", False) and "measured" in why and "overflow-4" in why
+    applied, why, base_ev = expectations("auto", [(WL, [bug], [bug])], "after: base + X")
+    assert applied == "no-regression" and "does not evict" in why
+    applied, why, base_ev = expectations("auto", [(WL, [evicting], [evicting])], "after: base + H")
+    assert applied == "eviction" and base_ev and "already evicts" in why
+    assert expectations("no-regression", [(WL, [bug], [evicting])], "x")[0] == "no-regression"
+    assert expectations("auto", [(WL, [bug], [bug])], "patch evict-largest-slot")[0] == "eviction"
+    assert expectations("auto", [(WL, [bug], [])], "")[1] == "baseline only: the base must show the bug"
+
+
+def test_judge_uses_the_base_as_reference_when_asked():
+    before, after = sim(WL), sim(WL)
+    v = compare.judge(WL, "base", before, base_reference=True)
+    assert [c.name for c in v.checks][1:] == ["reference"] and v.ok
+    v = compare.judge(WL, "candidate", after, base=before, base_reference=True, control=sim(WL, patched=False))
+    names = [c.name for c in v.checks]
+    assert "no-regression" in names and "victim-is-largest" in names
+    v = compare.judge(FITS, "candidate", sim(FITS), base=sim(FITS), expect="no-regression")
+    assert {c.name for c in v.checks} >= {"no-regression", "no-crash"} and "all-completed" not in {c.name for c in v.checks}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("a\n<<<<<<< x\nA\n||||||| b\n=======\nB\n>>>>>>> y\nz\n", "a\nA\nB\nz\n"),
+    ("<<<<<<< x\nA\n||||||| b\nold\n=======\nB\n>>>>>>> y\n", None),       # both changed a base line
+    ("<<<<<<< x\nA\n=======\nB\n>>>>>>> y\n", None),                        # not diff3: cannot tell
+    ("no conflict\n", "no conflict\n"),
+])
+def test_the_nightlys_resolver_keeps_only_pure_additions(text, expected):
+    assert mix._resolve_pure_adds(text) == expected
+
+
+def test_plan_is_one_shard_per_workload_and_repeat():
+    p = gate.plan(base="b1", old_text=None, new_text='{"prs": []}', workloads=["overflow-4", "fits"], repeat=2,
+                  sanitize="address,undefined")
+    assert [m["name"] for m in p["include"]] == ["overflow-4 #1", "overflow-4 #2", "fits #1", "fits #2",
+                                                  "sanitize address,undefined"]
+    assert p["include"][-1] == {"name": "sanitize address,undefined", "workloads": "overflow-4,fits",
+                                "sanitize": "address,undefined"}
+    assert p["key"] != gate.plan(base="b2", old_text=None, new_text='{"prs": []}', workloads=None, repeat=1,
+                                 sanitize=None)["key"]
+
+
+def _shard(name, ok, wl, failed=(), culprits=(), commit="c" * 40):
+    side = {"base": "b" * 40, "commit": commit, "failure": None,
+            "steps": [{"pin": "ggml-org/llama.cpp#7", "url": "u7", "required": True, "action": "merged",
+                       "commit": commit, "note": ""}]}
+    return {"schema": 1, "ok": ok, "shards": [name], "before": {**side, "commit": "b" * 40, "steps": []},
+            "after": side, "changed": ["u7"], "expect": "eviction", "expect_why": "measured",
+            "culprits": [{"pin": c, "url": "u7"} for c in culprits], "blame": [], "note": "",
+            "workloads": {wl: {"ok": ok, "prompts": [40, 60], "before": [[[0, "errored", 10, 240, "E"]]],
+                               "after": [[[0, "completed", 240, 240, ""]]], "failed": list(failed)}}}
+
+
+def test_merge_unites_shards_and_any_failure_fails():
+    a = _shard("overflow-4 #1", True, "overflow-4")
+    b = _shard("overflow-4 #2", False, "overflow-4", ["overflow-4 after#0 integrity: x"], ["ggml-org/llama.cpp#7"])
+    m = gate.merge([a, b])
+    assert not m["ok"] and m["shards"] == ["overflow-4 #1", "overflow-4 #2"]
+    assert len(m["workloads"]["overflow-4"]["after"]) == 2 and m["workloads"]["overflow-4"]["failed"]
+    assert [c["pin"] for c in m["culprits"]] == ["ggml-org/llama.cpp#7"]
+    md = gate.summary_md(m)
+    assert md.startswith("## patchkit pin gate: FAIL") and "responsible pin**: ggml-org/llama.cpp#7" in md
+    assert "| overflow-4 **FAIL** | 1 | 0 | 40 | errored 10/240 | completed 240/240 | E |" in md
+    with pytest.raises(ReportError, match="different after mixes"):
+        gate.merge([a, _shard("fits #1", True, "fits", commit="d" * 40)])
