@@ -1,7 +1,9 @@
 """Shared fixtures. Expensive things (trees, builds) are cached under PATCHKIT_CACHE and shared
 by every test of a run, and by later runs: one build per tree content."""
 import logging
+import os
 import subprocess
+import uuid
 
 import pytest
 
@@ -16,18 +18,22 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.real)
 
 
-def _llama_servers() -> set[int]:
-    """llama-server processes of this cache (another patchkit run on the machine is not ours)."""
-    from toolkit import cache
+# Every process this test session starts inherits this marker, so the orphan check counts only
+# our own servers, not those of another patchkit run on the machine (a second checkout's tests).
+SESSION = f"PATCHKIT_TEST_SESSION={uuid.uuid4().hex}"
+os.environ["PATCHKIT_TEST_SESSION"] = SESSION.split("=", 1)[1]
 
+
+def _llama_servers() -> set[int]:
+    """llama-server processes started by this test session."""
     out = subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True).stdout
     mine = set()
     for pid in out.split():
         try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            env = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if str(cache.root()) in cmd:
+        if SESSION in env:
             mine.add(int(pid))
     return mine
 

@@ -4,6 +4,7 @@ real conflict stops with the nightly's message naming the pin and the pins befor
 `required: false` entries of closed PRs are skipped; a closed required one is still merged."""
 import json
 import subprocess
+import sys
 
 import git
 import pytest
@@ -146,3 +147,29 @@ def test_untrusted_pr_set_is_validated_before_anything():
     with pytest.raises(UsageError, match='"required": "no"'):
         mix.parse(json.dumps({"prs": [{"url": "https://github.com/ggml-org/llama.cpp/pull/1/commits/" + "a" * 40,
                                        "required": "no"}]}))
+
+
+def test_ci_reports_a_mix_that_does_not_merge(fork, tmp_path):
+    """`patchkit ci`: the new file's pins conflict -> exit 1 with the nightly's message and the pin
+    named, before anything is built; the user's checkout is untouched."""
+    repo, base, pins = fork
+    status = repo.git.status("--porcelain"), repo.head.commit.hexsha
+    u = lambda pr, k: f"https://github.com/ggml-org/llama.cpp/pull/{pr}/commits/{pins[k]}"
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps({"prs": [u(7, "edit-5")]}))
+    new.write_text(json.dumps({"prs": [u(7, "edit-5"), u(8, "edit-5-too")]}))
+    res = subprocess.run([sys.executable, "-m", "toolkit", "ci", "--repo", repo.working_tree_dir, "--base", base,
+                          "--old-pr-set", str(old), "--pr-set", str(new), "--report-dir", str(tmp_path / "g"),
+                          "--summary", str(tmp_path / "s.md")], capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr
+    md = (tmp_path / "s.md").read_text()
+    assert "the nightly would stop**: ggml-org/llama.cpp#8 (" in md and "reorder or drop it" in md
+    assert "responsible pin**: ggml-org/llama.cpp#8" in md
+    assert not json.loads((tmp_path / "g" / "gate.json").read_text())["workloads"]     # nothing was built or run
+    assert (repo.git.status("--porcelain"), repo.head.commit.hexsha) == status
+    # reordered, the other one is named: each merges onto the base plus the pins before it
+    new.write_text(json.dumps({"prs": [u(8, "edit-5-too"), u(7, "edit-5")]}))
+    res = subprocess.run([sys.executable, "-m", "toolkit", "ci", "--repo", repo.working_tree_dir, "--base", base,
+                          "--old-pr-set", str(old), "--pr-set", str(new), "--report-dir", str(tmp_path / "g2"),
+                          "--json"], capture_output=True, text=True)
+    assert res.returncode == 1 and json.loads(res.stdout)["culprits"][0]["pin"] == "ggml-org/llama.cpp#7"
