@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +29,7 @@ import git
 from . import cache, codeindex, proc
 from .errors import BuildError, UsageError
 from .source import resolve
-from .ui import log_progress
+from .ui import heartbeat, log_progress
 
 # docs/DESIGN.md, section 8: offline flags that work on every layout.
 OFFLINE_FLAGS = (
@@ -229,21 +228,10 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
                 latest[0] = f"[{m.group(1)}/{m.group(2)}] {m.group(3)[-90:]}"
                 progress(latest[0])
 
-        # one sanitizer TU can compile for minutes without a Ninja line: say so every 20 s
-        done = threading.Event()
-
-        def heartbeat() -> None:
-            while not done.wait(20):
-                progress(f"  still building ({time.monotonic() - start:.0f} s), last: {latest[0]}")
-
         progress(f"building {TARGET} at {commit[:12]} (log: {ws.log})")
-        beat = threading.Thread(target=heartbeat, daemon=True)
-        beat.start()
-        try:
+        # one sanitizer TU can compile for minutes without a Ninja line: say so every 20 s
+        with heartbeat(progress, lambda: f"building, last: {latest[0]}"):
             res = proc.stream(argv, log_path=ws.log, on_line=on_line, env=_env(root), timeout=3600)
-        finally:
-            done.set()
-            beat.join()
         if res.rc != 0:
             raise BuildError(f"{TARGET} did not build at {commit[:12]}: {first_error(res.out)}", log=str(ws.log))
         out = ws.build / "bin" / TARGET

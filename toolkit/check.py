@@ -23,7 +23,7 @@ from . import codeindex, patch, proc
 from .compare import Check
 from .errors import PatchError
 from .source import resolve
-from .ui import log_progress
+from .ui import heartbeat, log_progress
 
 DIAG = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):(?P<col>\d+): (?P<sev>warning|error|fatal error): (?P<msg>.*)$")
 
@@ -148,7 +148,8 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
     th = threading.Thread(target=parse)
     th.start()
     progress(f"compiling {rel} with its compile_commands.json command")
-    res = compile_tu(cmd)
+    with heartbeat(progress, lambda: f"compiling {rel}"):
+        res = compile_tu(cmd)
     th.join()
     errors, new, old = [], [], 0
     for line in (res.err + res.out).splitlines():
@@ -213,7 +214,8 @@ def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 200
     libs = sorted(str(p) for p in ws.build.rglob("lib*.a"))
     argv += ["-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm"]
     progress(f"compiling the property harness ({len(libs)} static libraries)")
-    res = proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
+    with heartbeat(progress, lambda: "compiling the property harness"):
+        res = proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
     if res.rc != 0:
         raise PatchError("the property harness did not compile: " + build_mod.first_error(res.err + res.out))
     progress(f"running {iterations} random batches")

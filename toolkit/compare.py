@@ -273,9 +273,6 @@ def reference(run: Run, wl: Workload) -> list[Check]:
     return [Check("reference", "skip", f"the before side, compared with, not judged: {what}")]
 
 
-EXPECTS = ("auto", "eviction", "no-regression")
-
-
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
           policy: str = "largest", base: Run | None = None, expect: str = "eviction",
           base_reference: bool = False) -> Verdict:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
+from typing import Callable
 
 _log = logging.getLogger("patchkit")
 _last = [0.0]
@@ -22,6 +24,26 @@ def log_progress(msg: str) -> None:
         return
     _last[0] = time.monotonic()
     _log.info(msg)
+
+
+@contextmanager
+def heartbeat(say: Callable[[str], None], what: Callable[[], str], every: float = 20.0):
+    """Say `what()` every `every` seconds until the block ends: a step that runs for minutes
+    without output of its own (one sanitizer TU, a single-TU compile) is never silent."""
+    done = threading.Event()
+    start = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            say(f"  still {what()} ({time.monotonic() - start:.0f} s)")
+
+    th = threading.Thread(target=beat, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        done.set()
+        th.join()
 
 
 class UI:

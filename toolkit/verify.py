@@ -65,7 +65,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               repeat: int = 1, work_dir: Path, opts: build_mod.Options = build_mod.Options(),
               policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
               layout: str | None = None, model_name: str | None = None, expect: str = "auto",
-              base_reference: bool = False, say: Say = print, progress: Say = lambda s: None) -> Result:
+              evicting_patch: bool = False, base_reference: bool = False, say: Say = print, progress: Say = lambda s: None) -> Result:
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -108,7 +108,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                                               draft=draft.path if draft else None))
         recorded.append((wl, tiny, control, base_runs, cand_runs))
     measured = [(w, b, c) for w, _, _, b, c in recorded]
-    if (expect == "auto" and cand_bin and not candidate_label.startswith("patch ")
+    if (expect == "auto" and cand_bin and not evicting_patch
             and not any(w.expect.base == "all-error" for w in workloads)):
         # whether a side evicts is measured on an overflow workload; without one in this list (a
         # shard of the gate's matrix) run the probe on both sides, so every shard decides alike
@@ -119,7 +119,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                          [run_workload(cand_bin.binary, pm.path, probe, work_dir / "probe.candidate.log")]))
     timings.append(("workloads", time.monotonic() - t_runs))
 
-    applied, why, base_evicts = expectations(expect, measured, candidate_label)
+    applied, why, base_evicts = expectations(expect, measured, candidate_label if evicting_patch else None)
     base_reference = base_reference or base_evicts
     say(f"expectations: {applied} ({why})")
     results = []
@@ -140,10 +140,11 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                   applied, why)
 
 
-def expectations(expect: str, recorded, label: str) -> tuple[str, str, bool]:
+def expectations(expect: str, recorded, patch: str | None = None) -> tuple[str, str, bool]:
     """(expectations applied, why, does the base side already evict). `auto`: the eviction
-    expectations when the candidate is patchkit's patch or when it measurably evicts on an
-    overflow workload; else no-regression (any other change: it must not make anything worse)."""
+    expectations when the candidate is patchkit's eviction patch (`patch` names it) or when it
+    measurably evicts on an overflow workload; else no-regression (any other change: it must
+    not make anything worse)."""
     def evicting(side: int) -> list[str]:
         return [w.name for w, *runs in recorded for r in runs[side]
                 if w.expect.base == "all-error" and measure.evicts(r, w)]
@@ -156,8 +157,8 @@ def expectations(expect: str, recorded, label: str) -> tuple[str, str, bool]:
         return "eviction", "asked for (--expect eviction)" + base_note, bool(base_ev)
     if expect == "no-regression":
         return "no-regression", "asked for (--expect no-regression)", bool(base_ev)
-    if label.startswith("patch "):
-        return "eviction", f"auto: the candidate is {label}" + base_note, bool(base_ev)
+    if patch:
+        return "eviction", f"auto: the candidate is {patch}" + base_note, bool(base_ev)
     if cand_ev:
         return "eviction", (f"auto: the candidate evicts (measured: fewer requests terminated than were in play "
                             f"on {', '.join(dict.fromkeys(cand_ev))})" + base_note), bool(base_ev)
@@ -247,8 +248,10 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
         prep = (("prepare candidate", time.monotonic() - t),)
         ui.say(f"candidate {cand[:12]}: {label}" + (f", layout {layout}" if layout else ""))
     with ui.step("builds and workloads"):
+        # patchkit's own series (applied here, or a branch `apply` made) is the eviction by construction
+        evicting = bool(cand) and (not (candidate_ref or patch_file or commit) or bool(series_base(repo, cand)))
         res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
                         policy=policy, candidate_label=label, candidate_source=src, layout=layout,
-                        model_name=model_name, expect=expect, say=ui.say,
+                        model_name=model_name, expect=expect, evicting_patch=evicting, say=ui.say,
                         progress=ui.progress)
     return replace(res, timings=prep + res.timings)
