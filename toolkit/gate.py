@@ -199,7 +199,7 @@ def summary_md(d: dict) -> str:
     if d["expect"]:
         lines.append(f"- **expectations**: {d['expect']} ({d['expect_why']})")
     if d["culprits"]:
-        lines.append(f"- **responsible pin**: " + ", ".join(f"{c['pin']} ({c['url']})" for c in d["culprits"]))
+        lines.append("- **responsible pin**: " + ", ".join(f"{c['pin']} ({c['url']})" for c in d["culprits"]))
     if d["after"]["failure"]:
         lines.append(f"- **the nightly would stop**: {d['after']['failure']}")
     if d["note"]:

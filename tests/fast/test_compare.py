@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from toolkit import compare, measure
-from toolkit.record import Event, Outcome, Run, sanitizer_findings
+from toolkit.record import Outcome, Run, sanitizer_findings
 from toolkit.workload import load
 
-from .sim import EXC, simulate
+from .sim import simulate
 
 WL = load("overflow-4")          # prompts 40/60/80/100: victim last in the batch
 WF = load("victim-first")        # prompts 100/80/60/40: victim first, survivors must shift
