@@ -113,8 +113,12 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
             if not r.ok:
                 culprits = (e,)
                 break
-    note = "" if res.ok else ("no single added or moved pin fails on its own: the failure needs the pins "
-                              "together" if merged and not culprits else "")
+    note = ""
+    if not res.ok and not culprits:
+        removed = [e.name for e in old if e.pin.url not in {n.pin.url for n in new}]
+        note = ("no single added or moved pin fails against the mix before it: the failure needs the pins "
+                "together" if merged else "no pin was added or moved: the change removes or reorders pins"
+                + (f" (removed: {', '.join(removed)})" if removed else ""))
     return GateResult(result=res, blame=tuple(blame), culprits=culprits, note=note, **kw)
 
 
@@ -144,7 +148,7 @@ def to_json(g: GateResult, shard: str = "") -> dict:
     return {
         "schema": SCHEMA, "ok": g.ok, "shards": [shard or "all"],
         "before": _mix_json(g.before), "after": _mix_json(g.after),
-        "changed": [e.pin.url for e in g.changed],
+        "changed": [{"pin": e.name, "url": e.pin.url} for e in g.changed],
         "expect": res.expect if res else None, "expect_why": res.expect_why if res else None,
         "culprits": [{"pin": e.name, "url": e.pin.url} for e in g.culprits],
         "blame": [{"pin": b.entry.name, "ok": b.ok, "failed": list(b.failed)} for b in g.blame],
@@ -195,7 +199,8 @@ def summary_md(d: dict) -> str:
             f" = `{m['commit'][:12]}`" if m["commit"] else " (does not mix)")
     lines += [f"- **before** (the current nightly): {mixline(d['before'])}",
               f"- **after** (the nightly with this change): {mixline(d['after'])}",
-              f"- **added or moved pins**: {', '.join(d['changed']) or 'none'}"]
+              "- **added or moved pins**: " + (", ".join(f"{c['pin']} at `{c['url'].rsplit('/', 1)[-1][:12]}`"
+                                                        for c in d["changed"]) or "none")]
     if d["expect"]:
         lines.append(f"- **expectations**: {d['expect']} ({d['expect_why']})")
     if d["culprits"]:
@@ -219,11 +224,17 @@ def summary_md(d: dict) -> str:
                 for (slot, bo, bn, npred, berr), (_, ao, an, _, aerr) in zip(b, a):
                     lines.append(f"| {name}{'' if w['ok'] else ' **FAIL**'} | {k} | {slot} | "
                                  f"{w['prompts'][slot] if slot < len(w['prompts']) else '-'} | "
-                                 f"{bo} {bn}/{npred} | {ao} {an}/{npred} | {aerr or berr} |")
+                                 f"{bo} {bn}/{npred} | {ao} {an}/{npred} | {_errors(berr, aerr)} |")
         fails = [f for w in d["workloads"].values() for f in w["failed"]]
         if fails:
             lines += ["", "Failing checks:", ""] + [f"- {f}" for f in fails]
     return "\n".join(lines) + "\n"
+
+
+def _errors(before: str, after: str) -> str:
+    if before == after:
+        return after
+    return "; ".join(f"{side}: {e}" for side, e in (("before", before), ("after", after)) if e)
 
 
 def write(data: dict, out_dir: Path) -> Path:

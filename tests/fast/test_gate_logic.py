@@ -96,7 +96,7 @@ def _shard(name, ok, wl, failed=(), culprits=(), commit="c" * 40):
             "steps": [{"pin": "ggml-org/llama.cpp#7", "url": "u7", "required": True, "action": "merged",
                        "commit": commit, "note": ""}]}
     return {"schema": 1, "ok": ok, "shards": [name], "before": {**side, "commit": "b" * 40, "steps": []},
-            "after": side, "changed": ["u7"], "expect": "eviction", "expect_why": "measured",
+            "after": side, "changed": [{"pin": "ggml-org/llama.cpp#7", "url": "https://x/commits/" + "7" * 40}], "expect": "eviction", "expect_why": "measured",
             "culprits": [{"pin": c, "url": "u7"} for c in culprits], "blame": [], "note": "",
             "workloads": {wl: {"ok": ok, "prompts": [40, 60], "before": [[[0, "errored", 10, 240, "E"]]],
                                "after": [[[0, "completed", 240, 240, ""]]], "failed": list(failed)}}}
@@ -111,6 +111,7 @@ def test_merge_unites_shards_and_any_failure_fails():
     assert [c["pin"] for c in m["culprits"]] == ["ggml-org/llama.cpp#7"]
     md = gate.summary_md(m)
     assert md.startswith("## patchkit pin gate: FAIL") and "responsible pin**: ggml-org/llama.cpp#7" in md
-    assert "| overflow-4 **FAIL** | 1 | 0 | 40 | errored 10/240 | completed 240/240 | E |" in md
+    assert "| overflow-4 **FAIL** | 1 | 0 | 40 | errored 10/240 | completed 240/240 | before: E |" in md
+    assert "added or moved pins**: ggml-org/llama.cpp#7 at `777777777777`" in md
     with pytest.raises(ReportError, match="different after mixes"):
         gate.merge([a, _shard("fits #1", True, "fits", commit="d" * 40)])
