@@ -486,8 +486,14 @@ def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, w
     g = gate.gate(r, base=base, old=old, new=new, out_dir=report_dir.resolve(), ui=ui,
                   states=mix.load_states(pr_state), workloads=wl_names, repeat=repeat, expect=expect,
                   opts=_build_options(sanitize, None))
-    data = gate.to_json(g, shard)
-    path = gate.write(data, report_dir.resolve())
+    _gate_out(gate.to_json(g, shard), report_dir.resolve(), summary, as_json)
+
+
+def _gate_out(data: dict, out_dir: Path, summary: Path | None, as_json: bool) -> None:
+    """gate.json + summary.md in out_dir, the summary appended to $GITHUB_STEP_SUMMARY; exit 0/1."""
+    from . import gate
+
+    path = gate.write(data, out_dir)
     md = gate.summary_md(data)
     if summary:
         with open(summary, "a") as fh:
@@ -497,8 +503,8 @@ def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, w
     else:
         click.echo(md)
         click.echo(f"gate.json: {path}")
-        click.echo("PASS" if g.ok else "FAIL")
-    sys.exit(0 if g.ok else 1)
+        click.echo("PASS" if data["ok"] else "FAIL")
+    sys.exit(0 if data["ok"] else 1)
 
 
 @cli.group("report")
@@ -529,18 +535,7 @@ def report_merge(dirs, out, summary, as_json) -> None:
             datas.append(json.loads(f.read_text()))
         except (OSError, json.JSONDecodeError) as e:
             raise ReportError(f"{f}: not a readable gate.json ({e}); was `patchkit ci --report-dir {d}` run?")
-    data = gate.merge(datas)
-    gate.write(data, out)
-    md = gate.summary_md(data)
-    if summary:
-        with open(summary, "a") as fh:
-            fh.write(md + "\n")
-    if as_json:
-        _emit_json(data)
-    else:
-        click.echo(md)
-        click.echo("PASS" if data["ok"] else "FAIL")
-    sys.exit(0 if data["ok"] else 1)
+    _gate_out(gate.merge(datas), out, summary, as_json)
 
 
 @cli.command("repro")
