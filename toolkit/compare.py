@@ -51,6 +51,7 @@ def server_checks(run: Run) -> list[Check]:
               "the server printed no verbose log; measured from the client's records" if not run.trace
               else "; ".join(problems) if problems else
               "upstream's log lists exactly the tokens each client received: the measurement reads this run"),
+        sampling(run),
         _check("no-crash", run.exit_code is None and run.alive_after,
                "server alive after the workload" if run.alive_after
                else f"server died (exit code {run.exit_code})"),
@@ -60,6 +61,18 @@ def server_checks(run: Run) -> list[Check]:
                "no AddressSanitizer/UBSan report in the server log" if not run.sanitizer
                else f"{len(run.sanitizer)} finding(s), first: {run.sanitizer[0]}"),
     ]
+
+
+def sampling(run: Run) -> Check:
+    """One sample per decoded entry, each slot decoding what it sampled (upstream's log)."""
+    if not run.trace:
+        return Check("one-sample-per-entry", "skip", "the server printed no verbose log")
+    problems, unjudged = measure.sampling_problems(run)
+    if problems:
+        return Check("one-sample-per-entry", "fail", "; ".join(problems))
+    return Check("one-sample-per-entry", "pass", "every slot decoded exactly the tokens it sampled, one entry per "
+                 "sample" + (f" (not judged: slots {unjudged}, several tokens per entry: speculative decoding)"
+                             if unjudged else ""))
 
 
 def start_shape(run: Run, wl: Workload) -> Check:

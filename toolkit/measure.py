@@ -248,6 +248,38 @@ def trace_problems(run: Run) -> list[str]:
     return problems
 
 
+def sampling_problems(run: Run) -> tuple[list[str], list[int]]:
+    """Upstream's log, slot by slot: the tokens a slot decodes ("slot decode token, id=...") must be
+    exactly the tokens it sampled, in order, one entry per sample. A batch index left stale after
+    entries moved breaks this where the token streams may not show it: the slot whose row moved is
+    not sampled in that step and decodes its last token twice, while another slot samples its
+    row (measured with `no-remap` on victim-middle failing at off 1: integrity passed because the
+    tiny model's streams had fallen into the same short cycle; this check failed).
+    Returns (problems, slots it cannot judge: fewer entries than samples, as speculative decoding
+    accepts several drafted tokens per entry)."""
+    first: dict[int, int] = {}
+    entries: dict[int, list[int]] = {}
+    samples: dict[int, list[int]] = {}
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind in ("entry", "token") and first.get(t.slot) == t.task:
+            (entries if t.kind == "entry" else samples).setdefault(t.slot, []).append(t.token)
+    problems, unjudged = [], []
+    for slot in sorted(set(entries) | set(samples)):
+        e, k = entries.get(slot, []), samples.get(slot, [])
+        if len(e) < len(k) - 1:
+            unjudged.append(slot)
+            continue
+        i = next((i for i, (a, b) in enumerate(zip(e, k)) if a != b), None)
+        if i is not None:
+            problems.append(f"slot {slot}: decode #{i} entered token {e[i]}, but its sample #{i} was {k[i]}"
+                            + (" (the previous token again: a step without a sample)" if i and e[i] == e[i - 1] else ""))
+        elif len(e) > len(k):
+            problems.append(f"slot {slot}: {len(e)} tokens decoded for {len(k)} sampled")
+    return problems, unjudged
+
+
 @lru_cache(maxsize=64)
 def overflows(run: Run, wl: Workload, policy: str = "largest") -> tuple[Overflow, ...]:
     """Every overflow event of the run, measured: from upstream's verbose log when the server

@@ -305,3 +305,17 @@ def test_an_overflow_workload_without_an_overflow_is_made_again():
     why = measure.shape(late, wl)
     assert why.startswith("no overflow: the requests started generating up to") and int(why.split()[-3]) > 300
     assert measure.shape(simulate(p, n, wl.server.ctx, launch=[0, 0, 75, 75]), wl) is None
+
+
+def test_a_step_without_a_sample_fails_one_sample_per_entry():
+    """A stale batch index (no remap): the slot whose row moved is not sampled in that step and
+    decodes its previous token again. Upstream's log shows it even when the streams do not."""
+    r = simulate(prompts(WF), 240, WF.server.ctx)
+    assert compare.sampling(r).status == "pass"
+    trace = list(r.trace)
+    k = [i for i, t in enumerate(trace) if t.kind == "token" and t.slot == 3][150]
+    dup = next(t for t in reversed(trace[:k]) if t.kind == "entry" and t.slot == 3)
+    broken = replace(r, trace=tuple(trace[:k] + [dup] + trace[k + 1:]))   # its sample dropped, its entry repeated
+    c = compare.sampling(broken)
+    assert c.status == "fail" and c.detail.startswith("slot 3: decode #") and "the previous token again" in c.detail
+    assert compare.sampling(replace(r, trace=())).status == "skip"

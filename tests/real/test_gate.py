@@ -115,8 +115,10 @@ def test_the_no_remap_pin_fails_for_integrity(c2, pins, tmp_path):
     fails = failing(data)
     integ = [f for f in fails["victim-first"] if " integrity: " in f]
     assert integ and "differs from control at token" in integ[0], fails
-    # nothing else failed but what a missing remap causes: corrupted survivor streams
-    assert all(" integrity: " in f or ("no-regression" in f and "tokens differ" in f) for f in fails["victim-first"])
+    # nothing else failed but what a missing remap causes: corrupted survivor streams, and a slot
+    # whose moved entry went unsampled (upstream's log: it decoded its previous token again)
+    assert all(" integrity: " in f or ("no-regression" in f and "tokens differ" in f)
+               or " one-sample-per-entry: " in f for f in fails["victim-first"]), fails
     assert set(fails) == {"victim-first"}, fails
 
 

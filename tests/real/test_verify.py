@@ -82,6 +82,12 @@ def test_integrity_oracle_catches_missing_remap(trees, tmp_path, layout):
                                                              integrity.detail)}
             assert at and set(at) <= set(shifted), (integrity.detail, shifted)
             assert all(at[slot] == shifted[slot] for slot in at), (integrity.detail, shifted)
+            # and upstream's own log shows the stale index whatever the tokens: a shifted slot was
+            # not sampled in the eviction step and decoded its previous token again
+            sampled = checks["one-sample-per-entry"]
+            missed = {int(m) for m in re.findall(r"slot (\d+): decode #\d+ entered token \d+, but its sample", sampled.detail)}
+            assert sampled.status == "fail" and missed and missed <= set(shifted), (sampled.detail, shifted)
+            assert "the previous token again" in sampled.detail
     assert not res.ok
 
 
