@@ -419,8 +419,9 @@ def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> Non
               help="pr-set.json after the change (the pull request's).")
 @click.option("--old-pr-set", "old_pr_set", type=click.Path(dir_okay=False, path_type=Path),
               help="pr-set.json before the change (absent or missing file: no pins).")
-@click.option("--url", "urls", multiple=True, help="Instead of --pr-set: append these pins to --old-pr-set "
-              "(workflow_dispatch).")
+@click.option("--url", "urls", multiple=True, help="Instead of --pr-set: these pins applied to --old-pr-set as "
+              "`patchkit pin` would (a PR already listed gets its entry moved in place, a new one is appended); "
+              "workflow_dispatch.")
 @click.option("--pr-state", "pr_state", type=click.Path(dir_okay=False, path_type=Path),
               help='PR states as GitHub reports them: {"OWNER/llama.cpp#N": {"state": "open|closed|merged", '
               '"head": SHA, "commits": [SHA...]}}. Without it every PR counts as open.')
@@ -469,8 +470,8 @@ def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, w
         raise UsageError("give --pr-set (the changed pr-set.json) or --url (pins to add to --old-pr-set).")
     # every URL of both files is validated before anything is fetched, merged or built
     old = mix.parse(old_text, allowed, where=str(old_pr_set or "old pr-set"))
-    new = (old + [mix.Entry(mix.parse_url(u, allowed)) for u in urls] if urls
-           else mix.parse(new_text, allowed, where=str(pr_set)))
+    new = mix.with_pins(old, [mix.parse_url(u, allowed) for u in urls]) if urls else mix.parse(
+        new_text, allowed, where=str(pr_set))
     wl_names = [w for arg in workloads for w in arg.split(",") if w] or None
     for w in wl_names or []:
         workload.load(w)

@@ -110,6 +110,19 @@ def parse(text: str | None, owners: tuple[str, ...] = OWNERS, where: str = "pr-s
     return out
 
 
+def with_pins(entries: list[Entry], pins: list[PinUrl]) -> list[Entry]:
+    """The entries after `patchkit pin` of each pin: a PR already listed keeps its place (and its
+    `required`) with the new commit; a new PR is appended."""
+    out = list(entries)
+    for p in pins:
+        k = next((i for i, e in enumerate(out) if (e.pin.owner, e.pin.pr) == (p.owner, p.pr)), None)
+        if k is None:
+            out.append(Entry(p))
+        else:
+            out[k] = Entry(p, out[k].required)
+    return out
+
+
 def load_states(path: Path | None) -> dict[str, PrState]:
     """`{"OWNER/llama.cpp#N": {"state": "open", "head": SHA, "commits": [SHA, ...]}}`."""
     if path is None:

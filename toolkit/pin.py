@@ -57,6 +57,16 @@ def check_report(report_path: Path, sha: str) -> dict:
                           "--report-dir DIR` first.")
     except json.JSONDecodeError as e:
         raise ReportError(f"{report_path} is not valid JSON ({e}).")
+    if "after" in rep and "changed" in rep:   # a gate.json (`patchkit ci`): the pin must be one it added
+        urls = [c["url"] for c in rep["changed"]]
+        if not any(u.endswith("/" + sha) for u in urls):
+            raise ReportError(f"{report_path} gated {', '.join(urls) or 'no added pin'}, not {sha}; a pin needs a "
+                              "gate that added exactly that commit.")
+        if rep.get("ok") is not True:
+            raise ReportError(f"{report_path} is a failing gate (responsible: "
+                              f"{', '.join(c['pin'] for c in rep.get('culprits', [])) or 'see its summary'}); "
+                              "refusing to pin.")
+        return rep
     source = rep.get("candidate_source_commit")
     if source != sha:
         raise ReportError(f"{report_path} verified {source or 'no pinned commit'}, not {sha}; a pin needs a "

@@ -151,3 +151,33 @@ def test_sample_of_the_real_shape_round_trips(tmp_path, files):
     assert new == old[:cut] + ',\n    "' + URL.format(424242, SHA_C) + '"' + old[cut:]
     pin.pin(f, URL.format(22222, SHA_A), report(SHA_A))
     assert f.read_text() == new.replace("2" * 40, SHA_A)
+
+
+def test_a_gate_json_lets_each_pin_it_added_land(files, tmp_path):
+    """`patchkit ci` over several added pins: its gate.json (not a single-commit report) gates each."""
+    f, _ = files
+    gate = tmp_path / "gate.json"
+
+    def write(ok, culprits=()):
+        gate.write_text(json.dumps({"ok": ok, "after": {}, "changed": [
+            {"pin": "ggml-org/llama.cpp#200", "url": URL.format(200, SHA_C)},
+            {"pin": "ggml-org/llama.cpp#300", "url": URL.format(300, SHA_B)}],
+            "culprits": [{"pin": c} for c in culprits]}))
+    write(True)
+    assert pin.pin(f, URL.format(300, SHA_B), gate).action == "added"
+    with pytest.raises(ReportError, match="not " + SHA_A):
+        pin.pin(f, URL.format(100, SHA_A), gate)
+    before = f.read_text()
+    write(False, ["ggml-org/llama.cpp#200"])
+    with pytest.raises(ReportError, match=r"failing gate \(responsible: ggml-org/llama.cpp#200\)"):
+        pin.pin(f, URL.format(200, SHA_C), gate)
+    assert f.read_text() == before
+
+
+def test_dispatch_urls_apply_as_pin_would():
+    from toolkit import mix
+    old = mix.parse(PR_SET)
+    moved = mix.with_pins(old, [pin.parse_url(URL.format(100, SHA_C)),
+                                pin.parse_url("https://github.com/unslothai/llama.cpp/pull/7/commits/" + SHA_A),
+                                pin.parse_url(URL.format(5, SHA_B))])
+    assert [(e.pin.pr, e.pin.sha, e.required) for e in moved] == [(100, SHA_C, True), (7, SHA_A, False), (5, SHA_B, True)]

@@ -31,6 +31,29 @@ def test_workflow_is_actionlint_clean():
     assert subprocess.run([exe, str(tmp)], capture_output=True).returncode != 0
 
 
+def test_workflow_installs_only_a_pinned_or_vendored_patchkit(tmp_path):
+    """The plan job's install step, run as bash: the bare PyPI name (another project's) and an
+    unpinned URL are refused before pip runs; a vendored copy or a git URL at a commit installs."""
+    import yaml
+    wf = yaml.safe_load((ROOT / "ci" / "pin-gate.yml").read_text())
+    assert wf["env"]["PATCHKIT_SPEC"] == "${{ vars.PATCHKIT_SPEC || './.github/patchkit' }}"
+    step = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("name") == "Install patchkit")
+    script = step["run"].replace('python -m pip install "$PATCHKIT_SPEC"', 'echo "INSTALL $PATCHKIT_SPEC"')
+
+    def install(spec):
+        return subprocess.run(["bash", "-ec", script], cwd=tmp_path, capture_output=True, text=True,
+                              env=dict(os.environ, PATCHKIT_SPEC=spec))
+    for spec, why in [("patchkit", "another project's"), ("git+https://github.com/o/patchkit", "another project's"),
+                      ("./.github/patchkit", "no patchkit at ./.github/patchkit")]:
+        r = install(spec)
+        assert r.returncode == 1 and why in r.stdout and "INSTALL" not in r.stdout, (spec, r.stdout)
+    (tmp_path / ".github" / "patchkit").mkdir(parents=True)
+    (tmp_path / ".github" / "patchkit" / "pyproject.toml").write_text("")
+    for spec in ("./.github/patchkit", "git+https://github.com/o/patchkit@" + "a" * 40):
+        r = install(spec)
+        assert r.returncode == 0 and f"INSTALL {spec}" in r.stdout, (spec, r.stdout + r.stderr)
+
+
 def _pin_setup(c2, tmp_path, variant=None):
     repo = clone(c2, tmp_path / "llama.cpp")
     if variant:
