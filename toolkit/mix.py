@@ -205,7 +205,10 @@ def _merge(repo: git.Repo, head: str, entry: Entry) -> tuple[str | None, str]:
             index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             _git(repo, "read-tree", tree, env=index)
             for f in files:
-                merged = _resolve_pure_adds(_git(repo, "cat-file", "blob", f"{tree}:{f}").out)
+                try:
+                    merged = _resolve_pure_adds(_git(repo, "cat-file", "blob", f"{tree}:{f}").out)
+                except UnicodeDecodeError:
+                    return None, f"a binary file conflicts: {f}"
                 if merged is None:
                     return None, f"a conflict in {f} changes lines the merge base had"
                 mode = _git(repo, "ls-tree", tree, "--", f).out.split()[0]
@@ -225,7 +228,7 @@ def build_mix(repo: git.Repo, base: str, entries: list[Entry], states: dict[str,
     states = states or {}
     steps: list[Step] = []
     head = base
-    for k, e in enumerate(entries):
+    for e in entries:
         st = states.get(e.name)
         notes = []
         if st and st.state != "open":
