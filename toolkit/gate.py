@@ -26,7 +26,7 @@ from . import build as build_mod
 from . import mix as mix_mod
 from . import report, workload
 from . import verify as pipeline
-from .errors import PatchError, ReportError
+from .errors import BuildError, PatchError, ReportError
 from .mix import Entry, Mix
 
 SCHEMA = 1
@@ -51,10 +51,11 @@ class GateResult:
     note: str
     report_dir: Path
     sanitize: tuple[str, ...] = ()
+    builds: bool = True                  # False: the after nightly does not compile
 
     @property
     def ok(self) -> bool:
-        return self.after.ok and (self.result is None or self.result.ok)
+        return self.after.ok and self.builds and (self.result is None or self.result.ok)
 
 
 def failed_checks(res: pipeline.Result) -> list[str]:
@@ -66,6 +67,24 @@ def _prefix(m: Mix, entry: Entry) -> tuple[str, str]:
     """(the mix just before `entry`, the mix up to and including it)."""
     k = next(i for i, s in enumerate(m.steps) if s.entry == entry)
     return (m.steps[k - 1].commit if k else m.base), m.steps[k].commit
+
+
+def _unbuildable(repo: git.Repo, after: Mix, merged: list[Entry], opts, ui) -> tuple[Entry | None, str] | None:
+    """None when the after mix builds; else (the first added or moved pin whose mix does not
+    build, the compiler's first error). Built prefix by prefix only after a failure."""
+    try:
+        build_mod.build(repo, after.commit, opts, ui.progress)
+        return None
+    except BuildError as e:
+        why = str(e)
+    if len(merged) <= 1:
+        return (merged[0] if merged else None), why
+    for e in merged:
+        try:
+            build_mod.build(repo, _prefix(after, e)[1], opts, ui.progress)
+        except BuildError as err:
+            return e, str(err)
+    return None, why
 
 
 def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_dir: Path, ui,
@@ -89,6 +108,17 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
         return GateResult(result=None, blame=(), culprits=(), note="the after mix has the same tree as the "
                           "before mix: nothing to build or run", **kw)
     wls = [workload.load(w) for w in (workloads or pipeline.SUITE)]
+    merged = [e for e in changed if any(s.entry == e and s.action == "merged" for s in after.steps)]
+    with ui.step("build the nightlies"):
+        try:
+            build_mod.build(repo, before.commit, opts, ui.progress)
+        except BuildError as e:
+            raise BuildError(f"the current nightly (before the change) does not build: {e}", log=e.log)
+        broken = _unbuildable(repo, after, merged, opts, ui)
+    if broken:
+        entry, why = broken
+        return GateResult(result=None, blame=(), culprits=(entry,) if entry else (),
+                          note=f"the after nightly does not build: {why}", **kw, builds=False)
     with ui.step("before vs after"):
         res = pipeline.run_suite(repo, before.commit, after.commit, wls, repeat=repeat, work_dir=out_dir / "logs",
                                  opts=opts, candidate_label=f"after: {after.describe()}",
@@ -97,7 +127,6 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
     report.write(res, out_dir)
     blame: list[Blame] = []
     culprits: tuple[Entry, ...] = ()
-    merged = [e for e in changed if any(s.entry == e and s.action == "merged" for s in after.steps)]
     if not res.ok and len(merged) == 1:
         culprits = (merged[0],)
     elif not res.ok and merged:
@@ -146,7 +175,7 @@ def to_json(g: GateResult, shard: str = "") -> dict:
                 "failed": [f for f in failed_checks(res) if f.startswith(wr.workload.name + " ")],
             }
     return {
-        "schema": SCHEMA, "ok": g.ok, "shards": [shard or "all"],
+        "schema": SCHEMA, "ok": g.ok, "builds": g.builds, "shards": [shard or "all"],
         "before": _mix_json(g.before), "after": _mix_json(g.after),
         "changed": [{"pin": e.name, "url": e.pin.url} for e in g.changed],
         "expect": res.expect if res else None, "expect_why": res.expect_why if res else None,
@@ -169,6 +198,7 @@ def merge(datas: list[dict]) -> dict:
     out = {k: first[k] for k in ("schema", "before", "after", "changed", "expect", "expect_why")}
     out["shards"] = [s for d in datas for s in d["shards"]]
     out["ok"] = all(d["ok"] for d in datas)
+    out["builds"] = all(d["builds"] for d in datas)
     pins = [s["pin"] for s in first["after"]["steps"]]
     culprits = {c["pin"]: c for d in datas for c in d["culprits"]}
     out["culprits"] = sorted(culprits.values(), key=lambda c: pins.index(c["pin"]) if c["pin"] in pins else -1)

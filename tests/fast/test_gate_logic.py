@@ -95,7 +95,7 @@ def _shard(name, ok, wl, failed=(), culprits=(), commit="c" * 40):
     side = {"base": "b" * 40, "commit": commit, "failure": None,
             "steps": [{"pin": "ggml-org/llama.cpp#7", "url": "u7", "required": True, "action": "merged",
                        "commit": commit, "note": ""}]}
-    return {"schema": 1, "ok": ok, "shards": [name], "before": {**side, "commit": "b" * 40, "steps": []},
+    return {"schema": 1, "ok": ok, "builds": True, "shards": [name], "before": {**side, "commit": "b" * 40, "steps": []},
             "after": side, "changed": [{"pin": "ggml-org/llama.cpp#7", "url": "https://x/commits/" + "7" * 40}], "expect": "eviction", "expect_why": "measured",
             "culprits": [{"pin": c, "url": "u7"} for c in culprits], "blame": [], "note": "",
             "workloads": {wl: {"ok": ok, "prompts": [40, 60], "before": [[[0, "errored", 10, 240, "E"]]],

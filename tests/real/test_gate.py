@@ -6,6 +6,7 @@ on the default tree, with pins made by the test as commits a contributor would p
   R  a regression: slot 1's token budget capped at 200 (one survivor loses its last 40 tokens)
   N  the eviction without the index remap (the `no-remap` variant)
   X  on a base that already carries the eviction: a pin that takes it out again
+  B  a pin that does not compile
 
 Each gate builds the mixes in the cached tree's object store (no checkout touched); a build
 of a tree seen before is a cache hit, so only the mixes with R cost a compile."""
@@ -49,6 +50,8 @@ def pins(c2, c2_patched):
             "server: cap slot 1's budget"),
         "N": apply.candidate_commit(repo, base, variant="no-remap")[0],
         "X": commit_on(repo, evict, {SERVER: text}, "server: take the eviction out again"),
+        "B": commit_on(repo, base, {SERVER: text.replace(BUDGET, BUDGET + "        this_is_not_cpp = ;\n")},
+                       "server: a typo"),
     }
 
 
@@ -162,3 +165,14 @@ def test_sharded_gate_gives_the_unsharded_verdicts(c2, pins, tmp_path):
         return {n: (x["ok"], sorted(f.split(":")[0] for f in x["failed"])) for n, x in d["workloads"].items()}
     assert verdicts(m) == verdicts(w), (verdicts(m), verdicts(w))
     assert "responsible pin**: ggml-org/llama.cpp#103" in (tmp_path / "m.md").read_text()
+
+
+def test_a_pin_that_breaks_the_build_is_named(c2, pins, tmp_path):
+    """The after nightly does not compile: a failing verdict (exit 1, not a tool error) naming the
+    pin whose mix first fails to build, with the compiler's first error; nothing is run."""
+    res, data = ci(c2, tmp_path, "hb", [], [url(102, pins["H"]), url(106, pins["B"])])
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert not data["builds"] and [c["pin"] for c in data["culprits"]] == ["ggml-org/llama.cpp#106"]
+    assert "the after nightly does not build" in data["note"] and "this_is_not_cpp" in data["note"]
+    assert not data["workloads"]
+    assert "responsible pin**: ggml-org/llama.cpp#106" in (tmp_path / "hb.md").read_text()
