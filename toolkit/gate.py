@@ -123,7 +123,8 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
         res = pipeline.run_suite(repo, before.commit, after.commit, wls, repeat=repeat, work_dir=out_dir / "logs",
                                  opts=opts, candidate_label=f"after: {after.describe()}",
                                  candidate_source=changed[0].pin.sha if len(changed) == 1 else None,
-                                 expect=expect, base_reference=True, say=ui.say, progress=ui.progress)
+                                 expect=expect, base_reference=True, sides=("before", "after"), say=ui.say,
+                                 progress=ui.progress)
     report.write(res, out_dir)
     blame: list[Blame] = []
     culprits: tuple[Entry, ...] = ()
@@ -137,7 +138,8 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
                 r = pipeline.run_suite(repo, prev, upto, failing, repeat=repeat,
                                        work_dir=out_dir / "attribution" / f"{e.pin.owner}-{e.pin.pr}",
                                        opts=opts, candidate_label=f"up to {e.name}", candidate_source=e.pin.sha,
-                                       expect=expect, base_reference=True, say=ui.say, progress=ui.progress)
+                                       expect=expect, base_reference=True, sides=("before", "after"), say=ui.say,
+                                       progress=ui.progress)
             blame.append(Blame(e, r.ok, tuple(failed_checks(r))))
             if not r.ok:
                 culprits = (e,)

@@ -65,7 +65,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               repeat: int = 1, work_dir: Path, opts: build_mod.Options = build_mod.Options(),
               policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
               layout: str | None = None, model_name: str | None = None, expect: str = "auto",
-              evicting_patch: bool = False, base_reference: bool = False, say: Say = print, progress: Say = lambda s: None) -> Result:
+              evicting_patch: bool = False, base_reference: bool = False, sides: tuple[str, str] = ("base", "candidate"),
+              say: Say = print, progress: Say = lambda s: None) -> Result:
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -74,14 +75,15 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         timings.append((name, time.monotonic() - t))
         return out
 
-    say(f"building base {base_commit[:12]}")
+    b_name, c_name = sides        # what the progress lines call the two sides (the gate: before/after)
+    say(f"building {b_name} {base_commit[:12]}")
     base_bin = timed("build base", lambda: build_mod.build(repo, base_commit, opts, progress))
-    say(f"  base binary: {base_bin.binary}{' (cached)' if base_bin.reused else f' ({base_bin.seconds:.0f} s)'}")
+    say(f"  {b_name} binary: {base_bin.binary}{' (cached)' if base_bin.reused else f' ({base_bin.seconds:.0f} s)'}")
     cand_bin = None
     if candidate_commit:
-        say(f"building candidate {candidate_commit[:12]}")
+        say(f"building {c_name} {candidate_commit[:12]}")
         cand_bin = timed("build candidate", lambda: build_mod.build(repo, candidate_commit, opts, progress))
-        say(f"  candidate binary: {cand_bin.binary}"
+        say(f"  {c_name} binary: {cand_bin.binary}"
             f"{' (cached)' if cand_bin.reused else f' ({cand_bin.seconds:.0f} s)'}")
     models = {name: model.resolve(name, say) for name in dict.fromkeys(model_name or w.model for w in workloads)}
     draft = model.ensure(model.DRAFT) if any(w.server.draft for w in workloads) else None
@@ -93,16 +95,16 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         tiny = models[model_name or wl.model]
         control = None
         if cand_bin and wl.expect.integrity:
-            say(f"[{wl.name}] control run (no overflow, base binary)")
+            say(f"[{wl.name}] control run (no overflow, {b_name} binary)")
             control = run_workload(base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
                                    draft=draft.path if draft else None, want_shape=False)
         base_runs, cand_runs = [], []
         for k in range(repeat):
-            say(f"[{wl.name}] base run {k + 1}/{repeat}")
+            say(f"[{wl.name}] {b_name} run {k + 1}/{repeat}")
             base_runs.append(run_workload(base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
                                           draft=draft.path if draft else None))
             if cand_bin:
-                say(f"[{wl.name}] candidate run {k + 1}/{repeat}")
+                say(f"[{wl.name}] {c_name} run {k + 1}/{repeat}")
                 cand_runs.append(run_workload(cand_bin.binary, tiny.path, wl,
                                               work_dir / f"{wl.name}.candidate.{k}.log",
                                               draft=draft.path if draft else None))
