@@ -449,7 +449,8 @@ def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, w
     built and run on the suite: no request may do worse after than before, and the eviction
     expectations apply when the after nightly evicts. A failure names the responsible pin.
 
-    Exit 0: pass. 1: a verdict failed or the after nightly does not merge (gate.json says which).
+    Exit 0: pass. 1: a verdict failed, or the after nightly does not merge or build (gate.json
+    says which, and names the pin). 5/6: the before nightly itself does not merge/build.
 
     \b
     Examples:
