@@ -415,7 +415,7 @@ def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> Non
 @click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout with every pinned commit "
               "(old and new pr-set) fetched. Not needed with --plan.")
 @click.option("--base", "base_ref", default="HEAD", show_default=True, help="The upstream base the nightly builds on.")
-@click.option("--pr-set", "pr_set", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--pr-set", "pr_set", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="pr-set.json after the change (the pull request's).")
 @click.option("--old-pr-set", "old_pr_set", type=click.Path(dir_okay=False, path_type=Path),
               help="pr-set.json before the change (absent or missing file: no pins).")
