@@ -7,7 +7,7 @@ from toolkit.cli import cli
 
 
 @pytest.mark.parametrize("cmd", [[], ["source", "fetch"], ["model"], ["build"], ["apply"], ["check"], ["verify"],
-                                 ["demo"], ["pin"], ["repro"], ["ci"]])
+                                 ["demo"], ["pin"], ["repro"], ["ci"], ["report", "merge"]])
 def test_help_has_an_example(cmd):
     res = CliRunner().invoke(cli, cmd + ["--help"])
     assert res.exit_code == 0, res.output
@@ -24,3 +24,27 @@ def test_exit_codes_are_distinct():
     res = CliRunner().invoke(cli, ["exit-codes"])
     for c in codes:
         assert f"{c:4d}" in res.output
+
+
+def test_gate_inputs_are_refused_before_anything(tmp_path):
+    import json
+    evil = tmp_path / "pr-set.json"
+    evil.write_text(json.dumps({"prs": ["https://github.com/evil/llama.cpp/pull/1/commits/" + "a" * 40]}))
+    # (main() turns these exceptions into their exit codes; CliRunner shows the exception)
+    res = CliRunner().invoke(cli, ["ci", "--plan", "--pr-set", str(evil)])
+    assert isinstance(res.exception, errors.UsageError) and "owner 'evil' is not allowed" in str(res.exception)
+    res = CliRunner().invoke(cli, ["ci", "--plan"])
+    assert isinstance(res.exception, errors.UsageError) and "give --pr-set" in str(res.exception)
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"prs": ["https://github.com/ggml-org/llama.cpp/pull/1/commits/" + "a" * 40]}))
+    res = CliRunner().invoke(cli, ["ci", "--plan", "--pr-set", str(ok), "--workload", "overflow-4,nope"])
+    assert isinstance(res.exception, errors.UsageError)
+    res = CliRunner().invoke(cli, ["ci", "--plan", "--pr-set", str(ok), "--workload", "overflow-4,fits"])
+    plan = json.loads(res.output)
+    assert res.exit_code == 0 and [m["workloads"] for m in plan["include"]] == ["overflow-4", "fits"]
+    assert plan["pins"] == [{"owner": "ggml-org", "pr": 1, "sha": "a" * 40}]
+
+
+def test_report_merge_without_gate_json_is_a_report_error(tmp_path):
+    res = CliRunner().invoke(cli, ["report", "merge", str(tmp_path)])
+    assert isinstance(res.exception, errors.ReportError) and "not a readable gate.json" in str(res.exception)
