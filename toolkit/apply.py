@@ -226,10 +226,17 @@ def revert(repo: git.Repo, branch: str | None = None) -> tuple[str, bool]:
     return ret, foreign == 0
 
 
-def series_base(repo: git.Repo, commit: str) -> str | None:
+def series_base(repo: git.Repo, commit: str, *, within: int = 0) -> str | None:
     """The commit a patchkit series was applied on, when `commit` is (the tip of) such a series:
-    walk first parents while they carry the Patchkit-Patch trailer. None when it carries none."""
-    c, seen = repo.commit(commit), 0
+    walk first parents while they carry the Patchkit-Patch trailer. None when it carries none.
+    `within` > 0 also accepts a series up to that many first-parent commits below `commit`
+    (someone committed on top of the patch branch: `commit` still carries the series)."""
+    c = repo.commit(commit)
+    for _ in range(within):
+        if _trailer(c.message, TRAILER_PATCH) or not c.parents:
+            break
+        c = c.parents[0]
+    seen = 0
     while _trailer(c.message, TRAILER_PATCH) and c.parents:
         c, seen = c.parents[0], seen + 1
     return c.hexsha if seen else None

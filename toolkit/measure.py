@@ -130,10 +130,19 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if xs else 0.0
 
 
-def _choose(slots: list[SlotAt], policy: str, wl: Workload) -> tuple[tuple[int, ...], int, int]:
+def _choose(slots: list[SlotAt], policy: str, wl: Workload,
+            tasks: dict[int, int] | None = None) -> tuple[tuple[int, ...], int, int]:
+    """(the policy's victims, margin over the runner-up, uncertainty). `newest`: the slot whose
+    task the server created last (its id, from upstream's launch lines): requests released
+    together still reach the server one after another, so there is always one newest, and
+    the server's own numbering says which. Without the log, the workload's start times decide
+    (released together: all tied, ambiguous)."""
     if not slots:
         return (), 0, 0
     if policy == "newest":
+        if tasks and all(s.slot in tasks for s in slots):
+            newest = max(slots, key=lambda s: tasks[s.slot])
+            return (newest.slot,), 1, 0
         starts = {r.slot: r.start_ms for r in wl.requests}
         last = max(starts.get(s.slot, 0) for s in slots)
         return tuple(s.slot for s in slots if starts.get(s.slot, 0) == last), 0, 0
@@ -218,7 +227,11 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
         for s_ in group:
             if s_ not in cells:  # terminated with no entry of its own in the step: in its prompt
                 slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, 0, len(slots), 0, "server log"))
-        expected, margin, unc = _choose(slots, policy, wl)
+        tasks = {}
+        for x in tr:
+            if x.kind == "launch" and x.slot in outs:
+                tasks.setdefault(x.slot, x.task)  # each slot's workload task (a later probe is not)
+        expected, margin, unc = _choose(slots, policy, wl, tasks)
         err_at = outs[group[0]].t_end if group else 0.0
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),
                                expected, margin, unc))
@@ -389,15 +402,54 @@ def shift_exercised(ev: Overflow) -> tuple[bool, str]:
                    else "no survivor entry after it, nothing shifts"))
 
 
-def shape(run: Run, wl: Workload) -> str | None:
-    """None when the run has the shape the workload is designed to judge; else why not.
-    runner.py re-makes such a start while its budget lasts; compare.py judges either way."""
-    hits = [o for o in run.outcomes if o.error == EXCEEDED]
+def decoded_first(ev: Overflow) -> tuple[bool, str]:
+    """Was the policy's victim's entry already decoded when the pool ran out (off > its position)?
+    Then nothing of it is left to remove and nothing may move: a patch that removes from the
+    whole batch, or shifts regardless of off, shows here and nowhere else."""
+    if len(ev.expected) != 1:
+        return False, f"the policy's victim is not unique: {list(ev.expected)}"
+    v = ev.at(ev.expected[0])
+    ok = ev.full and v.position < ev.off
+    return ok, (f"policy's victim slot {v.slot} at batch position {v.position}, failure at off {ev.off}: "
+                + ("its entry was decoded before the pool ran out" if ok else "its entry was not decoded yet"))
+
+
+def prompt_not_largest(ev: Overflow) -> tuple[bool, str]:
+    """Is the slot holding the most cells other than the one with the longest prompt (by a margin
+    the measurement resolves)? Only then does a victim chosen by prompt length show."""
+    if len(ev.expected) != 1 or not ev.in_play:
+        return False, f"the policy's victim is not unique: {list(ev.expected)}"
+    v = ev.at(ev.expected[0])
+    longest = max(ev.in_play, key=lambda s: (s.prompt, -s.slot))
+    ok = longest.slot != v.slot and ev.margin > ev.uncertainty
+    return ok, (f"most cells: slot {v.slot} ({v.cells} cells, prompt {v.prompt}); longest prompt: slot "
+                f"{longest.slot} ({longest.cells} cells, prompt {longest.prompt})"
+                + ("" if ok else ": the same slot, a victim chosen by prompt length cannot show"))
+
+
+def designed(ev: Overflow, wl: Workload) -> list[tuple[str, bool, str]]:
+    """The shapes `wl` is designed to judge, measured on its overflow: (check name, held, why)."""
+    out = []
     if wl.expect.shift:
+        out.append(("shift-exercised", *shift_exercised(ev)))
+    if wl.expect.shape == "decoded":
+        out.append(("victim-entry-decoded", *decoded_first(ev)))
+    elif wl.expect.shape == "prompt-not-largest":
+        out.append(("cells-not-prompt", *prompt_not_largest(ev)))
+    return out
+
+
+def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:
+    """None when the run has the shape the workload is designed to judge; else why not.
+    runner.py re-makes such a start while its budget lasts (every attempt is judged);
+    compare.py judges either way. Shapes are designed for the largest policy: under another
+    policy only the overflow itself is required."""
+    hits = [o for o in run.outcomes if o.error == EXCEEDED]
+    if policy == "largest" and (wl.expect.shift or wl.expect.shape):
         evs = overflows(run, wl)
         if evs and len(evs[0].terminated) == 1:      # a candidate's run (the base errors all)
-            ok, why = shift_exercised(evs[0])
-            return None if ok else why
+            bad = [why for _, ok, why in designed(evs[0], wl) if not ok]
+            return bad[0] if bad else None
     if wl.expect.base == "all-error" and not hits:
         # an overflow workload whose requests never met in the pool (a late group joined after
         # the early ones were nearly done): measured from the step each first generated in

@@ -58,6 +58,9 @@ class Facts:
     hook_indent: str
     kv_unified: str = ""      # expression telling whether the KV pool is unified ("" if the tree has none)
     task_family: bool = False  # n_cmpl: server_task::id_parent links children to the parent whose cells they share
+    # per-slot quantities a WRONG patch might choose its victim by (mutants only; SLOT = a slot reference)
+    prompt_len: str = "SLOT.n_prompt_tokens"
+    generated: str = "SLOT.n_decoded"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,11 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
         known = sorted(p.name for p in PATCHES_DIR.iterdir() if (p / "patch.toml").exists())
         raise UsageError(f"no patch named '{name}'. Known: {', '.join(known)}.")
     d = tomllib.loads(meta.read_text())
+    for name_, v in d.get("variants", {}).items():
+        unknown = set(v) - set(RIGHT) - {"class", "what", "killer"}
+        if unknown:  # a typo would silently render the right patch under a mutant's name
+            raise UsageError(f"{meta}: variant '{name_}' sets unknown switches {sorted(unknown)}; "
+                             f"known: {', '.join(RIGHT)}.")
     return PatchSpec(d["name"], d["marker"], d["summary"], tuple(d["policies"]),
                      tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}), root)
 
@@ -247,10 +255,12 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     kv_unified = "params_base.kv_unified" if re.search(rb"\bparams_base\.kv_unified\b", source) else ""
     # children of an n_cmpl task name their parent (task->id_parent) and share its prompt cells
     task_family = bool(re.search(rb"task->id_parent\b", source)) and "->task" in task_id
+    prompt_len = "(int32_t) SLOT.task->n_tokens()" if "->task" in task_id else "(int32_t) SLOT.n_prompt_tokens"
+    generated = "SLOT.n_decoded" if "n_decoded" in slot else "SLOT.stats.n_gen"
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
-                 hook_indent, kv_unified, task_family)
+                 hook_indent, kv_unified, task_family, prompt_len, generated)
 
 
 def _above_comments(source: bytes, offset: int) -> int:
@@ -305,15 +315,33 @@ def state(text: str, spec: PatchSpec) -> str:
     return "applied" if n == 6 else "partial"  # three regions: surgery, helper, hook
 
 
+# The template's structural switches, as the right patch sets them. A mutant (patch.toml,
+# [variants.*]) flips one: mutants act on the patch's structure, never on its wording.
+RIGHT = {
+    "victim_by": "cells",          # cells | positions | prompt | generated | slot-id: the quantity the victim is chosen by
+    "n_victims": 1,                # slots terminated per overflow
+    "free_victim": True,           # the victim's cells released
+    "reset_survivors": False,      # survivors' batch indices reset too (they skip this step's sample)
+    "remove_entries": True,        # the victim's undecoded entries removed from the batch
+    "remove_from": "off",          # off | zero: where removal starts (entries below off are decoded)
+    "remap": "exact",              # exact | none | off-by-one | i-batch-only: survivors' indices after removal
+    "embd_compact": True,          # embd rows compacted with their tokens
+    "unified_guard": "yes",        # yes | missing | inverted: act only on a unified pool
+    "false_witness": False,        # log a victim other than the one terminated
+}
+
+
 def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: str = "largest",
            variant: str | None = None) -> bytes:
     if policy not in spec.policies:
         raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
-    params = {"remap_indices": True, "false_witness": False, "count_positions": False}
+    params = dict(RIGHT)
     if variant:
         if variant not in spec.variants:
             raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")
-        params.update(spec.variants[variant])
+        params.update({k: v for k, v in spec.variants[variant].items() if k in RIGHT})
+        if params == RIGHT:
+            raise UsageError(f"variant '{variant}' flips no switch: it would render the right patch.")
     env = templates(spec)
     ctx = dict(f=facts, marker=spec.marker, helper=HELPER, surgery=SURGERY, policy=policy, stage=stage, **params)
     surgery = env.get_template("surgery.cpp.j2").render(**ctx)

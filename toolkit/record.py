@@ -80,6 +80,8 @@ class Run:
     sanitizer: tuple[str, ...] = ()  # AddressSanitizer / UBSan findings in the server log
     pool: int = 0              # KV cells the unified pool holds (the server's -c)
     trace: tuple[Trace, ...] = ()  # upstream's verbose log, parsed (empty when the server printed none)
+    # the starts made before this one (without the workload's designed shape): judged too, never dropped
+    earlier: tuple["Run", ...] = ()
 
 
 SANITIZER_RE = re.compile(r"(ERROR: AddressSanitizer.*|runtime error: .*|ERROR: LeakSanitizer.*|"

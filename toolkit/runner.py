@@ -10,7 +10,10 @@ resumes it (SIGCONT): all requests are already in their sockets when any server 
 again. Whatever start results is then MEASURED (measure.py), never assumed: verdicts are
 judged on the measured facts. A start that did not have the workload's designed shape (e.g.
 victim-first's victim entry already decoded when the pool filled) is made again while the
-retry budget lasts; that only saves time, it decides nothing.
+retry budget lasts. Every start that ran is kept (`Run.earlier`, each with its own log) and
+judged by compare.py like the last one, sanitizer findings included: a start is made again
+for its shape (measured on the policy's victim, never on the candidate's choice), never
+dropped for its verdict.
 """
 from __future__ import annotations
 
@@ -76,20 +79,24 @@ def _tokenized(srv: Server, r: Request) -> Request:
 
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
         timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S,
-        want_shape: bool = True) -> Run:
+        want_shape: bool = True, policy: str = "largest") -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
-    does not have the workload's designed shape. The last run is always kept and judged.
+    does not have the workload's designed shape for `policy`. The last run is returned with
+    every earlier start in `earlier` (each keeps its log: `<log>.start<k>`), all judged.
     `want_shape=False` (the no-overflow control: nothing to shape) runs once."""
     if not want_shape:
         attempts = 1
     deadline = time.monotonic() + budget_s
+    earlier: list[Run] = []
     for attempt in range(1, attempts + 1):
-        r = run_once(binary, model, wl, log_path, draft=draft, timeout=timeout)
+        path = log_path if attempt == 1 else log_path.with_name(f"{log_path.name}.start{attempt}")
+        r = run_once(binary, model, wl, path, draft=draft, timeout=timeout)
         last = attempt == attempts or time.monotonic() > deadline
-        why = None if r.exit_code is not None else measure.shape(r, wl)
+        why = None if r.exit_code is not None else measure.shape(r, wl, policy)
         _log.info("%s: start %d, %.2f s%s", wl.name, attempt, r.wall, f" (again: {why})" if why and not last else "")
         if last or why is None:
-            return replace(r, attempts=attempt)
+            return replace(r, attempts=attempt, earlier=tuple(earlier))
+        earlier.append(replace(r, attempts=attempt))
     raise AssertionError("unreachable")
 
 

@@ -52,6 +52,7 @@ class Result:
     model_sha256: str
     expect: str = "eviction"      # the expectations applied: eviction | no-regression
     expect_why: str = ""
+    base_why: str = ""            # how the base was chosen (the candidate's is candidate_label)
 
     @property
     def ok(self) -> bool:
@@ -66,7 +67,9 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
               layout: str | None = None, model_name: str | None = None, expect: str = "auto",
               evicting_patch: bool = False, base_reference: bool = False, sides: tuple[str, str] = ("base", "candidate"),
-              say: Say = print, progress: Say = lambda s: None) -> Result:
+              reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None) -> Result:
+    """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
+    each workload's control and base runs are made once and shared by every candidate."""
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -94,20 +97,29 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     for wl in workloads:
         tiny = models[model_name or wl.model]
         control = None
-        if cand_bin and wl.expect.integrity:
+        shared = reuse.get((str(base_bin.binary), wl.name, repeat)) if reuse is not None else None
+        if shared:
+            control, base_runs = shared
+            say(f"[{wl.name}] {b_name} runs and control: made once for this base, reused")
+        elif cand_bin and wl.expect.integrity:
             say(f"[{wl.name}] control run (no overflow, {b_name} binary)")
             control = run_workload(base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
                                    draft=draft.path if draft else None, want_shape=False)
-        base_runs, cand_runs = [], []
+        if not shared:
+            base_runs = []
+        cand_runs = []
         for k in range(repeat):
-            say(f"[{wl.name}] {b_name} run {k + 1}/{repeat}")
-            base_runs.append(run_workload(base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
-                                          draft=draft.path if draft else None))
+            if not shared:
+                say(f"[{wl.name}] {b_name} run {k + 1}/{repeat}")
+                base_runs.append(run_workload(base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
+                                              draft=draft.path if draft else None, policy=policy))
             if cand_bin:
                 say(f"[{wl.name}] {c_name} run {k + 1}/{repeat}")
                 cand_runs.append(run_workload(cand_bin.binary, tiny.path, wl,
                                               work_dir / f"{wl.name}.candidate.{k}.log",
-                                              draft=draft.path if draft else None))
+                                              draft=draft.path if draft else None, policy=policy))
+        if reuse is not None:
+            reuse[(str(base_bin.binary), wl.name, repeat)] = (control, base_runs)
         recorded.append((wl, tiny, control, base_runs, cand_runs))
     measured = [(w, b, c) for w, _, _, b, c in recorded]
     if (expect == "auto" and cand_bin and not evicting_patch
@@ -173,7 +185,8 @@ PROBE = "overflow-4"
 # With a real model (`--model smollm2`): workloads of real text, sized in the model's own tokens.
 REAL_SUITE = ["text-overflow-4"]
 # The default suite, in the order that shows the most first.
-SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle", "fits",
+SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle",
+         "victim-decoded", "cells-not-prompt", "fits",
          "single-slot"]
 
 
@@ -199,32 +212,40 @@ def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_na
     return sha, f"patch {name}" + (f" (variant {variant})" if variant else ""), layout, None
 
 
+# How far below HEAD (first parents) a patchkit series is still found: commits someone added on
+# top of the patch branch (a README note, a fix) do not hide that HEAD carries the patch.
+SERIES_DEPTH = 50
+
+
 def choose_base(repo: git.Repo, base_ref: str | None, candidate_ref: str | None) -> tuple[str, str]:
     """(base commit, why). Without --base: the commit a patchkit series was applied on when the
-    candidate (or HEAD) is such a series, else HEAD. A base equal to the candidate is refused:
-    judging a commit against itself proves nothing and reads like a failing patch."""
+    candidate (or HEAD) carries such a series, else HEAD."""
     from .apply import series_base
     from .source import resolve
 
     cand = resolve(repo, candidate_ref) if candidate_ref else None
     if base_ref is not None:
-        base, why = resolve(repo, base_ref), f"--base {base_ref}"
-    else:
-        head = resolve(repo, None)
-        carrier = cand or head
-        under = series_base(repo, carrier)
-        if under:
-            base, why = under, (f"the commit {candidate_ref or 'HEAD'} was patched on "
-                                "(it carries a patchkit series; --base overrides)")
-        else:
-            base, why = head, "HEAD"
-    if cand is not None and cand == base:
+        return resolve(repo, base_ref), f"--base {base_ref}"
+    carrier = cand or resolve(repo, None)
+    under = series_base(repo, carrier, within=SERIES_DEPTH)
+    if under:
+        return under, (f"the commit {candidate_ref or 'HEAD'} was patched on "
+                       "(it carries a patchkit series; --base overrides)")
+    return resolve(repo, None), "HEAD"
+
+
+def refuse_vacuous(repo: git.Repo, base: str, base_why: str, cand: str, cand_why: str) -> None:
+    """Judging a commit against itself, or against another commit of the same tree (the same
+    binary), proves nothing: refused before anything is built."""
+    same = "the same commit" if cand == base else (
+        "two commits with the same tree (one binary)" if repo.commit(cand).tree == repo.commit(base).tree else None)
+    if same:
         raise UsageError(
-            f"the base and the candidate are the same commit ({base[:12]}: base from {why}, candidate "
-            f"{candidate_ref}); verify would build it twice and judge the patch against itself. Pass the "
-            f"commit the change was made on as --base (e.g. --base main), or leave --base out when the "
-            f"candidate is a patchkit series: its base is then found from the series.")
-    return base, why
+            f"the base and the candidate are {same} ({base[:12]}: base from {base_why}; candidate "
+            f"{cand[:12]}: {cand_why}); verify would judge one server against itself, a verdict on nothing. "
+            f"Pass the commit the change was made on as --base (e.g. --base main), or the changed commit as "
+            f"--candidate; a tree that already carries the patch is judged as it is, against the commit "
+            f"under its series, when you give no candidate option.")
 
 
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
@@ -232,13 +253,15 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
            out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None,
            expect: str = "auto") -> Result:
     from .apply import series_base
+    from .source import current_branch, resolve
 
+    if not (baseline_only or candidate_ref or patch_name or patch_file or commit or variant or base_ref) \
+            and series_base(repo, resolve(repo, None), within=SERIES_DEPTH):
+        # HEAD carries a patchkit series (apply made it, perhaps with commits on top): judge what
+        # the user has, not a re-rendering of the patch
+        candidate_ref = "HEAD"
     base, why = choose_base(repo, base_ref, candidate_ref)
     ui.say(f"base {base[:12]}: {why}")
-    if not (baseline_only or candidate_ref or patch_file or commit) and series_base(repo, base):
-        raise UsageError(f"the base {base[:12]} already carries a patchkit series ({why}); applying the patch "
-                         "on it again would judge the patch against itself. Pass --base with the commit before "
-                         "the series, or --candidate with the patched branch.")
     cand, label, layout, src = None, "", None, None
     prep: tuple[tuple[str, float], ...] = ()
     if not baseline_only:
@@ -247,13 +270,18 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
             cand, label, layout, src = resolve_candidate(repo, base, candidate_ref=candidate_ref, patch_name=patch_name,
                                                     patch_file=patch_file, commit=commit, policy=policy,
                                                     variant=variant, opts=opts, progress=ui.say)
+        if candidate_ref == "HEAD":
+            branch = current_branch(repo)
+            label = f"HEAD{f' (branch {branch})' if branch else ''}, which carries a patchkit series"
         prep = (("prepare candidate", time.monotonic() - t),)
+        refuse_vacuous(repo, base, why, cand, label)
         ui.say(f"candidate {cand[:12]}: {label}" + (f", layout {layout}" if layout else ""))
     with ui.step("builds and workloads"):
         # patchkit's own series (applied here, or a branch `apply` made) is the eviction by construction
-        evicting = bool(cand) and (not (candidate_ref or patch_file or commit) or bool(series_base(repo, cand)))
+        evicting = bool(cand) and (not (candidate_ref or patch_file or commit)
+                                   or bool(series_base(repo, cand, within=SERIES_DEPTH)))
         res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
                         policy=policy, candidate_label=label, candidate_source=src, layout=layout,
                         model_name=model_name, expect=expect, evicting_patch=evicting, say=ui.say,
                         progress=ui.progress)
-    return replace(res, timings=prep + res.timings)
+    return replace(res, timings=prep + res.timings, base_why=why)

@@ -73,6 +73,11 @@ class Expect:
     # the workload puts the victim's undecoded entry before survivors' (so an eviction must
     # shift their batch indices): every judged run must show it, measured (measure.py)
     shift: bool = False
+    # another shape the workload is designed to judge (measure.shape), for the policy it names:
+    #   "decoded": the victim's entry was decoded before the pool ran out (off > its batch position):
+    #              nothing may move, entries below off above all
+    #   "prompt-not-largest": the slot holding the most cells is not the one with the longest prompt
+    shape: str = ""
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,13 @@ EXC = "Context size has been exceeded."
 
 
 def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="largest", dt=0.0002,
-             jitter=None, snapshots=(), lie=False, log=True, evict_extra=False, verbose=True):
+             jitter=None, snapshots=(), lie=False, log=True, evict_extra=False, verbose=True, key=None):
     """prompts/n_predict per slot; launch[slot] = the step its prompt is decoded (first token
     sampled); jitter(slot, k) -> extra arrival delay of its k-th token. snapshots: steps at which
     a /slots snapshot is taken (before that step's decode). lie: evict the runner-up and log it
-    as the largest. evict_extra: also terminate the next slot in the same step (a broken patch)."""
+    as the largest. evict_extra: also terminate the next slot in the same step (a broken patch).
+    policy "newest": the slot launched last (task ids follow launch order here). key(slot) -> a
+    per-slot quantity the victim is chosen by instead (a wrong patch), highest first."""
     n = len(prompts)
     launch = launch or [0] * n
     npred = n_predict if isinstance(n_predict, (list, tuple)) else [n_predict] * n
@@ -66,8 +68,9 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
                     trace.append(Trace("error", task=j, text=EXC))
                 events.append(Event("error-all", off))
             else:
-                key = (lambda j: held[j]) if policy == "largest" else (lambda j: -held[j])
-                ranked = sorted(held, key=key, reverse=True)
+                by = key or {"largest": lambda j: held[j], "smallest": lambda j: -held[j],
+                             "newest": lambda j: (launch[j], j)}[policy]
+                ranked = sorted(held, key=by, reverse=True)
                 victim = ranked[1] if lie else ranked[0]
                 claimed = held[ranked[0]] + 1 if lie else held[victim]
                 out = [victim] + ([ranked[1] if not lie else ranked[2]] if evict_extra else [])

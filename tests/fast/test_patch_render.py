@@ -116,7 +116,7 @@ def test_templates_are_strict():
 
     with pytest.raises((jinja2.UndefinedError, AttributeError)):
         patch.templates(SPEC).get_template("helper.cpp.j2").render(f=F(), marker="m", helper="h", policy="largest",
-                                                               stage=3, remap_indices=True)
+                                                               stage=3, **patch.RIGHT)
 
 
 def test_state_detects_partial():

@@ -1,0 +1,131 @@
+"""Verdict strength on recorded runs (tests/fast/sim.py): the separating workloads' shapes, the
+policies' rules for ties, earlier starts judged, and the mutant catalog's structure."""
+from dataclasses import replace
+
+import pytest
+
+from toolkit import compare, measure, patch
+from toolkit.errors import UsageError
+from toolkit.workload import load
+
+from .sim import simulate
+from .test_patch_render import LAYOUTS, SPEC, SRC, facts
+
+WD = load("victim-decoded")
+WC = load("cells-not-prompt")
+WL = load("overflow-4")
+
+
+def run(wl, **kw):
+    return simulate([len(r.prompt) for r in wl.requests], [r.n_predict for r in wl.requests], wl.server.ctx, **kw)
+
+
+def control(wl):
+    return simulate([len(r.prompt) for r in wl.requests], [r.n_predict for r in wl.requests], 8192)
+
+
+def failed(v):
+    return {c.name: c.detail for c in v.checks if c.status == "fail"}
+
+
+def test_victim_decoded_fails_at_off_3_by_arithmetic():
+    r = run(WD)
+    ev, = measure.overflows(r, WD)
+    assert (ev.off, ev.expected, ev.at(0).position) == (3, (0,), 0)
+    assert measure.decoded_first(ev)[0] and measure.shape(r, WD) is None
+    v = compare.judge(WD, "candidate", r, control=control(WD))
+    assert v.ok, failed(v)
+    # victim-first's prompts (sum 280) fail at off 0: that shape is not this workload's, made again
+    r0 = simulate([100, 80, 60, 40], 240, 1024)
+    assert "not decoded yet" in measure.shape(r0, WD)
+
+
+LATE = [0, 0, 60, 60]   # the late pair 60 steps behind (the sizing needs > 30)
+
+
+def test_cells_not_prompt_separates_prompt_length_from_cells():
+    r = run(WC, launch=LATE)
+    ev, = measure.overflows(r, WC)
+    assert ev.expected == (0,)
+    ok, why = measure.prompt_not_largest(ev)
+    assert ok, why
+    assert compare.judge(WC, "candidate", r, control=control(WC)).ok
+    # a patch choosing by prompt length terminates slot 3 (prompt 70): caught, for that reason
+    prompts = [40, 30, 60, 70]
+    bad = run(WC, launch=LATE, key=lambda j: prompts[j])
+    f = failed(compare.judge(WC, "candidate", bad, control=control(WC)))
+    assert "terminated [3], measured largest: [0]" in f["victim-is-largest"]
+
+
+def test_cells_not_prompt_without_the_lead_is_made_again():
+    r = run(WC, launch=[0, 0, 10, 10])          # 10 steps behind: the longest prompt holds the most
+    assert "the same slot" in measure.shape(r, WC)
+
+
+def test_newest_is_the_task_the_server_created_last_even_when_released_together():
+    r = run(WL, policy="newest")
+    ev, = measure.overflows(r, WL, "newest")
+    assert ev.expected == (3,) and ev.margin > ev.uncertainty
+    v = compare.judge(WL, "candidate", r, control=control(WL), policy="newest")
+    assert v.ok, failed(v)
+    wrong = compare.judge(WL, "candidate", run(WL), control=control(WL), policy="newest")  # largest = 3 too
+    assert wrong.ok   # overflow-4's largest is also its newest: the policies agree there
+    f = failed(compare.judge(load("victim-first"), "candidate", run(load("victim-first")),
+                             control=control(load("victim-first")), policy="newest"))
+    assert "terminated [0], measured newest: [3]" in f["victim-is-newest"]
+
+
+def test_shapes_designed_for_largest_are_not_demanded_of_other_policies():
+    wf = load("victim-first")
+    r = run(wf, policy="smallest")
+    assert measure.shape(r, wf, "smallest") is None
+    v = compare.judge(wf, "candidate", r, control=control(wf), policy="smallest")
+    assert v.ok, failed(v)
+    assert any(c.name == "designed-shape" and c.status == "skip" for c in v.checks)
+
+
+def test_an_earlier_start_is_judged_not_dropped():
+    good = run(WL)
+    lying = run(WL, lie=True)
+    v = compare.judge(WL, "candidate", replace(good, earlier=(replace(lying, attempts=1, log="start1.log"),)),
+                      control=control(WL))
+    f = failed(v)
+    assert "earlier-starts" in f and "start 1 (start1.log): victim-is-largest" in f["earlier-starts"]
+    ok = compare.judge(WL, "candidate", replace(good, earlier=(replace(good, attempts=1),)), control=control(WL))
+    assert ok.ok and any(c.name == "earlier-starts" and c.status == "pass" for c in ok.checks)
+
+
+def test_an_earlier_start_without_overflow_must_complete_everything():
+    complete = control(WL)
+    v = compare.judge(WL, "candidate", replace(run(WL), earlier=(replace(complete, attempts=1),)), control=control(WL))
+    assert v.ok
+
+
+@pytest.mark.parametrize("layout", ["C2", "D"])
+def test_every_mutant_flips_a_switch_and_changes_the_rendering(layout):
+    f = facts(**LAYOUTS[layout], kv_unified="params_base.kv_unified")
+    right = patch.render(SRC, f, SPEC, stage=3)
+    same = [name for name in SPEC.variants if patch.render(SRC, f, SPEC, stage=3, variant=name) == right]
+    assert same == [] and len(SPEC.variants) >= 12
+
+
+def test_every_mutant_names_its_class_and_killer():
+    for name, m in SPEC.variants.items():
+        assert m.get("class") in ("victim choice", "batch surgery", "termination", "guards and modes"), name
+        assert m.get("killer") and m.get("what"), name
+
+
+def test_a_mutant_with_an_unknown_switch_is_refused(tmp_path):
+    (tmp_path / "x").mkdir()
+    for f in SPEC.root.iterdir():
+        (tmp_path / "x" / f.name).write_bytes(f.read_bytes())
+    meta = tmp_path / "x" / "patch.toml"
+    meta.write_text(meta.read_text() + '\n[variants.typo]\nremap_indexes = false\n')
+    import toolkit.patch as p
+    old = p.PATCHES_DIR
+    p.PATCHES_DIR = tmp_path
+    try:
+        with pytest.raises(UsageError, match="unknown switches"):
+            p.load_patch("x")
+    finally:
+        p.PATCHES_DIR = old
