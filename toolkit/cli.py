@@ -19,7 +19,7 @@ from . import build as build_mod
 from . import model as model_mod
 from . import proc, source, workload
 from .errors import EXIT_CODES, Interrupted, PatchkitError, ReportError, UsageError
-from .ui import UI
+from .ui import UI, help_list
 
 
 def _sigterm(signum, frame):
@@ -27,6 +27,12 @@ def _sigterm(signum, frame):
 
 
 def main() -> None:
+    # Started in the background (`cmd &` in a script, some nohup/CI launchers), SIGINT arrives
+    # ignored (SIG_IGN is inherited) and Python then installs no KeyboardInterrupt handler: a
+    # Ctrl-C or `kill -INT` would do nothing and children would outlive us. Always take it, so it
+    # reaches the cleanup below (children run in their own process groups: proc.py kills them).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         cli.main(standalone_mode=False)
@@ -191,7 +197,7 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
 @click.option("--variant", default=None, hidden=True, help="A deliberately broken rendering (oracle self-test).")
 @click.option("--baseline-only", is_flag=True, help="Run the workloads on the base only (show the bug).")
 @click.option("--workload", "workloads", multiple=True,
-              help=f"Workload name or .toml path; repeatable (default: the suite). Known: {', '.join(workload.available())}.")
+              help="Workload name or .toml path; repeatable (default: the suite)." + help_list(workload.available(), "Known:"))
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per workload and side.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where report.json/md/html and server logs go (default: ./patchkit-report).")
@@ -247,6 +253,65 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
         click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}")
         click.echo("PASS" if res.ok else "FAIL")
     sys.exit(0 if res.ok else 1)
+
+
+@cli.command("mutants")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
+@click.option("--base", "base_ref", default=None, help="The unpatched base (default: HEAD; the baseline tag on the "
+              "fetched tree).")
+@click.option("--mutant", "names", multiple=True, help="A mutant of the catalog; repeatable (default: all).")
+@click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
+              "the default suite plus the campaign's separating workloads).")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per workload.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where mutants.json and the server logs go (default: ./patchkit-mutants).")
+@click.option("--list", "list_only", is_flag=True, help="Print the catalog and exit.")
+@click.option("--json", "as_json", is_flag=True)
+def mutants_cmd(repo, base_ref, names, workloads, repeat, report_dir, list_only, as_json) -> None:
+    """Run the mutation campaign: how many wrong patches does the verdict kill?
+
+    Each mutant is the eviction patch with one structural switch flipped (a wrong victim
+    quantity, the batch surgery skipped or off by one, two victims, the victim's cells kept,
+    a guard inverted...; patches/evict-largest-slot/patch.toml). Each is built on the base
+    (one TU on the shared build) and judged as a candidate: static checks, the C++ property
+    harness, the workload suite. Prints mutant -> killed (by which check, where, why) or
+    ALIVE, and the mutation score. Exit 0 when every mutant not claimed equivalent is
+    killed, 1 otherwise.
+
+    \b
+    Examples:
+      patchkit mutants --list
+      patchkit mutants                                   # default tree, whole catalog
+      patchkit mutants --repo T --mutant victim-by-prompt --mutant entries-kept --json
+    """
+    from dataclasses import asdict
+
+    from . import mutate
+    from . import verify as pipeline
+
+    cat = mutate.catalog()
+    if list_only:
+        for n, m in cat.items():
+            click.echo(f"{n:22} {m.get('class', ''):18} killer {m.get('killer', '-'):24} {m.get('what', '')}")
+        return
+    ui = UI(quiet=as_json)
+    r = _repo(repo, ui)
+    if base_ref is None and not repo:
+        base_ref = source.BASELINE_TAG
+    base = source.resolve(r, base_ref)
+    wls = [workload.load(w) for w in (workloads or pipeline.SUITE + mutate.EXTRA)]
+    out_dir = (report_dir or Path("patchkit-mutants")).resolve()
+    res = mutate.campaign(r, base, list(names or cat), wls, repeat=repeat, out_dir=out_dir / "logs", say=ui.say,
+                          progress=ui.progress)
+    killed, judged = mutate.score(res)
+    doc = {"base": base, "score": {"killed": killed, "judged": judged}, "mutants": [asdict(x) for x in res]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "mutants.json").write_text(json.dumps(doc, indent=2))
+    if as_json:
+        _emit_json(doc)
+    else:
+        click.echo(mutate.table(res))
+    sys.exit(0 if killed == judged else 1)
 
 
 @cli.command("apply")

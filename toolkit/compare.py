@@ -83,7 +83,10 @@ def start_shape(run: Run, wl: Workload) -> Check:
     how = sorted({d.source for d in offs.values()}) or ["one request"]
     why = measure.shape(run, wl)
     detail = (f"requests released together started generating in the same step (measured from {', '.join(how)})"
-              if not moved else f"measured start offsets (steps) {moved} (from {', '.join(how)})")
+              if not moved else "; ".join(  # steps > 0: it had sampled more at the same step, so it started first
+                  f"slot {s} started generating {abs(n)} step{'s' if abs(n) != 1 else ''} {'before' if n > 0 else 'after'} "
+                  f"slot {min(wl.requests, key=lambda r: r.start_ms).slot}" for s, n in moved.items())
+              + f" (released together; measured from {', '.join(how)})")
     detail += f"; start {run.attempts}" + (f"; not the designed shape: {why}" if why else "")
     return Check("start", "pass" if not why else "skip", detail)
 
@@ -130,9 +133,14 @@ def one_victim(run: Run, wl: Workload, policy: str = "largest") -> list[Check]:
                   + (" AMBIGUOUS" if e.margin <= e.uncertainty and set(e.terminated) <= set(e.expected) else "")
                   for e in evs) or "no eviction measured"))
     checks.append(witness(run, evs))
-    if wl.expect.shift:
-        ok, why = measure.shift_exercised(evs[0]) if evs else (False, "no eviction measured")
-        checks.append(_check("shift-exercised", ok, why))
+    if wl.expect.shift or wl.expect.shape:
+        if policy != "largest":
+            checks.append(Check("designed-shape", "skip", f"this workload's shape is designed for the largest "
+                                f"policy; under {policy} only its overflow is judged"))
+        elif not evs:
+            checks.append(_check("designed-shape", False, "no eviction measured"))
+        else:
+            checks += [_check(name, ok, why) for name, ok, why in measure.designed(evs[0], wl)]
     short = [(o.slot, o.outcome, len(o.tokens)) for o in survivors
              if o.outcome != "completed" or len(o.tokens) != o.n_predict]
     checks.append(_check("survivors-complete", not short and bool(survivors),
@@ -286,9 +294,36 @@ def reference(run: Run, wl: Workload) -> list[Check]:
     return [Check("reference", "skip", f"the before side, compared with, not judged: {what}")]
 
 
+# Checks that say whether a run had the shape its workload is designed for: the reason a start is
+# made again, so an earlier start is not failed by them (it is judged by everything else).
+SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "designed-shape")
+
+
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
           policy: str = "largest", base: Run | None = None, expect: str = "eviction",
           base_reference: bool = False) -> Verdict:
+    """The run's verdict, and every earlier start of it (made again for its shape) judged too:
+    a start is never dropped for its verdict. An earlier start that did not overflow at all is
+    held to "every request completes"."""
+    v = _judge(wl, side, run, index, control, policy, base, expect, base_reference)
+    if not run.earlier:
+        return v
+    problems = []
+    for e in run.earlier:
+        overflowed = any(o.error == EXCEEDED for o in e.outcomes)
+        checks = (_judge(wl, side, e, index, control, policy, base, expect, base_reference).checks
+                  if overflowed else tuple(unchanged(e)))
+        problems += [f"start {e.attempts} ({e.log}): {c.name}: {c.detail}" for c in checks
+                     if c.status == "fail" and c.name not in SHAPE_CHECKS]
+    return Verdict(v.workload, v.side, v.run_index, v.checks + (Check(
+        "earlier-starts", "fail" if problems else "pass",
+        "; ".join(problems) if problems else f"{len(run.earlier)} earlier start(s), made again for their shape, "
+        "pass every other check"),))
+
+
+def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
+           policy: str = "largest", base: Run | None = None, expect: str = "eviction",
+           base_reference: bool = False) -> Verdict:
     """expect "eviction": the workload's own expectations (base shows the bug, candidate evicts
     one). With `base_reference` (the base already evicts, or it is the fork's current nightly in
     the pin gate) the base side is not judged but compared with: the candidate must also not

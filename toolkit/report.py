@@ -42,13 +42,15 @@ def _run_json(r: Run, wl: Workload, policy: str = "largest") -> dict:
         "sanitizer": list(r.sanitizer),
         "pool": r.pool,
         "occupancy": [[round(s.t, 4), s.slot, s.cells, s.processing, s.generated] for s in r.samples],
+        # every start made before this one (for the workload's shape): kept, with its log and findings
+        "earlier_starts": [_run_json(e, wl, policy) for e in r.earlier],
     }
 
 
 def to_json(res: Result) -> dict:
     out = {
         "schema": SCHEMA, "ok": res.ok, "repo": res.repo,
-        "base_commit": res.base_commit, "candidate_commit": res.candidate_commit,
+        "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source, "policy": res.policy, "layout": res.layout,
         "model_sha256": res.model_sha256,
         "expect": res.expect, "expect_why": res.expect_why,
@@ -78,7 +80,7 @@ def _cell(o) -> str:
 
 
 def table_rows(wr: WorkloadResult, run: int = 0) -> list[list[str]]:
-    """One row per slot: slot, prompt, base outcome, [candidate outcome], error."""
+    """One row per slot: slot, prompt, base outcome, [candidate outcome], error (whose: error_cell)."""
     base = {o.slot: o for o in wr.base[run].outcomes} if wr.base else {}
     cand = {o.slot: o for o in wr.candidate[run].outcomes} if wr.candidate else {}
     rows = []
@@ -87,10 +89,21 @@ def table_rows(wr: WorkloadResult, run: int = 0) -> list[list[str]]:
         row = [str(req.slot), str(len(req.prompt)), _cell(b) if b else "-"]
         if wr.candidate:
             row.append(_cell(c) if c else "-")
-        err = (c.error if c and c.error else None) or (b.error if b and b.error else None) or ""
-        row.append(err)
+        row.append(error_cell(b, c, bool(wr.candidate)))
         rows.append(row)
     return rows
+
+
+def error_cell(b, c, has_candidate: bool = True) -> str:
+    """The error column, saying whose error it is: a candidate that completed must not seem to
+    carry the base's error."""
+    eb = b.error if b and b.error else None
+    ec = c.error if c and c.error else None
+    if not has_candidate:
+        return eb or ""
+    if eb and eb == ec:
+        return f"both: {eb}"
+    return "; ".join(f"{side}: {e}" for side, e in (("base", eb), ("candidate", ec)) if e)
 
 
 def headers(wr: WorkloadResult) -> list[str]:
@@ -146,12 +159,35 @@ def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
     import io
 
     import matplotlib
+
+    fig = timeline_figure(run, wl, title)
+    if fig is None:
+        return "<p>no tokens were recorded in this run</p>"
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, selectable
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def overflow_label(ev: measure.Overflow, width: int = 60) -> str:
+    """The overflow marker's text, wrapped at `width` characters: the base's overflow terminates
+    every slot in play, and eight "slot N (C cells)" on one line ran off the chart."""
+    import textwrap
+
+    who = ", ".join(f"slot {s} ({ev.at(s).cells} cells)" for s in ev.terminated)
+    return textwrap.fill(f"overflow at off {ev.off}: {who} terminated", width, break_on_hyphens=False)
+
+
+def timeline_figure(run: Run, wl: Workload, title: str = ""):
+    """The figure timeline_svg renders (None without tokens)."""
+    import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
     outs = [o for o in run.outcomes if o.tokens]
     if not outs:
-        return "<p>no tokens were recorded in this run</p>"
+        return None
     evs = measure.overflows(run, wl)
     fig = Figure(figsize=(8, 3.4), dpi=96)
     ax = fig.add_subplot()
@@ -184,22 +220,26 @@ def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
                 label=f"slot {slot} (prompt {o.prompt_tokens}): {o.outcome}")
         marker, colour, _ = ends.get(o.outcome, ("s", "#555555", o.outcome))
         ax.plot(pts[-1][0], pts[-1][1], ls="none", marker=marker, color=colour, ms=9, mec="black", mew=0.8, zorder=5)
+    xs = sorted(total)
+    # the window around the overflow: the last 60 steps before it and everything after
+    lo, hi = (max(xs[0], -60) - 2, xs[-1] + 3) if evs else (xs[0], xs[-1])
     for ev in evs:
         if table:
             x = _step_of(table, ev) - fail
         else:
             x = ev.at(ev.terminated[0]).generated - zero if ev.at(ev.terminated[0]) else 0
         ax.axvline(x, color="#c00000", ls="--", lw=1)
-        who = ", ".join(f"slot {s} ({ev.at(s).cells} cells)" for s in ev.terminated)
-        ax.annotate(f"overflow at off {ev.off}: {who} terminated", (x, run.pool), xytext=(-4, -12),
-                    textcoords="offset points", ha="right", fontsize=8, color="#c00000")
-    xs = sorted(total)
+        # the text on the side of the marker with more room, so it stays inside the chart
+        left = x - lo >= hi - x
+        ax.annotate(overflow_label(ev), (x, run.pool), xytext=(-4 if left else 4, -4),
+                    textcoords="offset points", ha="right" if left else "left", va="top", fontsize=8,
+                    color="#c00000")
     ax.plot(xs, [total[x] for x in xs], color="black", lw=1, label="all slots together")
     ax.axhline(run.pool, color="#888888", lw=0.8, ls=":")
     ax.annotate(f"pool: {run.pool} cells", (xs[-1], run.pool), xytext=(0, 3), textcoords="offset points",
                 fontsize=7, ha="right")
-    if evs:  # the window around the overflow: the last 60 steps before it and everything after
-        ax.set_xlim(max(xs[0], -60) - 2, xs[-1] + 3)
+    if evs:
+        ax.set_xlim(lo, hi)
     ax.set_xlabel("server step (0 = the step where the pool ran out)" if evs else "server step")
     ax.set_ylabel("KV cells held (prompt + tokens)")
     ax.set_ylim(0, run.pool * 1.08)
@@ -207,8 +247,4 @@ def timeline_svg(run: Run, wl: Workload, title: str = "") -> str:
     ax.legend(fontsize=7, loc="center left", title="end: o completed, X errored, ^ truncated", title_fontsize=7)
     ax.grid(alpha=0.3)
     fig.subplots_adjust(left=0.09, right=0.985, bottom=0.15, top=0.91)  # tight_layout costs a draw per chart
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, selectable
-        fig.savefig(buf, format="svg")
-    svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    return fig
