@@ -6,9 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# program -> Debian package; chromium renders report.html in the real tier (headless screenshot)
+# program -> Debian package; chromium renders report.html in the real tier (headless screenshot,
+# tests/real/test_report_html.py): only `test` needs it (132 packages), so `demo` does not install it
+pairs=(git:git cmake:cmake ninja:ninja-build gcc:gcc g++:g++ ccache:ccache)
+if [ "${1:-}" = test ]; then pairs+=(chromium:chromium); fi
 need=()
-for pair in git:git cmake:cmake ninja:ninja-build gcc:gcc g++:g++ ccache:ccache chromium:chromium; do
+for pair in "${pairs[@]}"; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -16,7 +19,7 @@ if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   # -q, not silent: chromium alone takes a minute to unpack, and a silent minute looks like a hang
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" | { grep -E "^(Get|Unpacking|Setting up)" || true; }
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" | { grep --line-buffered -E "^(Get|Unpacking|Setting up)" || true; }
 fi
 
 PY=${PYTHON:-python3}
@@ -26,7 +29,9 @@ installed=$(cd / && $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx,
 json_source_map, matplotlib, os; print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
 if [ "$installed" != "$here" ] || ! command -v patchkit >/dev/null 2>&1 || ! command -v actionlint >/dev/null 2>&1; then
   echo "==> installing patchkit and its Python dependencies" >&2
-  $PY -m pip install --disable-pip-version-check --progress-bar off -e '.[test]' | { grep -E "^(Collecting|Installing|Successfully)" || true; }
+  # -u and --line-buffered: each line as it happens, not all of them at the end (35 s of silence)
+  $PY -u -m pip install --disable-pip-version-check --progress-bar off -e '.[test]' \
+    | { grep --line-buffered -E "^(Collecting|Installing|Successfully)" || true; }
 fi
 
 case "${1:-}" in

@@ -165,17 +165,18 @@ def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: 
     if (reconfigure or not (build / "build.ninja").exists() or not (build / "compile_commands.json").exists()
             or not stamp.exists() or json.loads(stamp.read_text()) != list(flags)):
         progress("configuring with CMake")
+        lines = CMakeLines()
         res = proc.stream(["cmake", "-S", src, "-B", build, "-G", "Ninja", *flags],
                           log_path=logp, env=_env(root), timeout=900,
-                          on_line=lambda line: progress("  cmake: " + line.strip()[-100:]) if line.strip() else None)
+                          on_line=lambda line: [progress("  " + shown) for shown in lines.feed(line)])
         if res.rc != 0:
             raise BuildError(f"CMake configure failed (exit {res.rc}): {first_error(res.out)}", log=str(logp))
-        _generate_headers(build, logp, root)
+        _generate_headers(build, logp, root, progress)
         stamp.write_text(json.dumps(list(flags)))
     return ws
 
 
-def _generate_headers(build: Path, logp: Path, root: Path) -> None:
+def _generate_headers(build: Path, logp: Path, root: Path, progress: ProgressFn = log_progress) -> None:
     """Build the headers CMake generates at build time (e.g. layout A's index.html.gz.hpp):
     parsing or compiling one TU from a configure-only tree needs them."""
     res = proc.run(["ninja", "-C", build, "-t", "targets", "all"], timeout=120, error=BuildError)
@@ -183,9 +184,75 @@ def _generate_headers(build: Path, logp: Path, root: Path) -> None:
     headers = [line.split(":")[0] for line in res.out.splitlines()
                if re.match(r"^(tools|examples)/server/[^:]+\.(h|hpp)\s*:", line)]
     if headers:
-        r = proc.stream(["ninja", "-C", build, *headers], log_path=logp, env=_env(root), timeout=900)
+        names = ", ".join(Path(h).name for h in headers)
+        progress(f"generating the server's headers with Ninja ({names})")
+        latest = ["starting"]
+
+        def on_line(line: str) -> None:
+            m = PROGRESS.match(line)
+            if m:
+                latest[0] = f"[{m.group(1)}/{m.group(2)}] {cut(m.group(3), 90)}"
+                progress(latest[0])
+
+        # measured: minutes on a busy machine with no line of its own; say so every 20 s
+        with heartbeat(progress, lambda: f"generating {names}, last: {latest[0]}"):
+            r = proc.stream(["ninja", "-C", build, *headers], log_path=logp, on_line=on_line, env=_env(root),
+                            timeout=900)
         if r.rc != 0:
             raise BuildError(f"generating headers failed: {first_error(r.out)}", log=str(logp))
+
+
+def cut(line: str, n: int = 160) -> str:
+    """`line` whole when it has at most `n` characters, else its start and its end (a path's
+    informative part) around an ellipsis."""
+    line = line.strip()
+    if len(line) <= n:
+        return line
+    keep = (n - 1) // 2
+    return line[:keep] + "…" + line[len(line) - (n - 1 - keep):]
+
+
+# The tree's own CMake asks git for the build number (`git rev-parse` in cmake/build-info.cmake,
+# ggml's commit, common/CMakeLists.txt's warning). patchkit configures a private work tree
+# without .git, so each probe fails: harmless, the build number is then unknown.
+GIT_PROBE = re.compile(r"^(fatal: not a git repository|Git repository not found|Git not found)")
+GIT_NOTE = ("note: the tree's version probe found no git repository (patchkit builds a private work tree "
+            "without .git): harmless, the build number is unknown")
+
+
+class CMakeLines:
+    """CMake's configure output as progress lines ("cmake: ..."): blank lines dropped, long lines
+    cut with an ellipsis, the git probe's failures (two `fatal:` lines and a multi-line
+    `CMake Warning`) replaced by ONE plain note ("note: ...")."""
+
+    def __init__(self) -> None:
+        self.noted = False
+        self.held: str | None = None     # a "CMake Warning at ..." header, until its first line says what
+        self.skipping = False            # inside the git warning's indented body
+
+    def _note(self) -> list[str]:
+        if self.noted:
+            return []
+        self.noted = True
+        return [GIT_NOTE]
+
+    def feed(self, line: str) -> list[str]:
+        text = line.strip()
+        if self.skipping:
+            if line.startswith(" ") and text:
+                return []
+            self.skipping = False
+        if not text:
+            return []
+        held, self.held = self.held, None
+        if GIT_PROBE.match(text):
+            self.skipping = held is not None  # the warning's body continues on indented lines
+            return self._note()
+        shown = ["cmake: " + cut(held)] if held else []
+        if text.startswith("CMake Warning"):
+            self.held = text
+            return shown
+        return shown + ["cmake: " + cut(text)]
 
 
 def first_error(output: str) -> str:
@@ -230,7 +297,7 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
             m = PROGRESS.match(line)
             if m:
                 steps = int(m.group(1))
-                latest[0] = f"[{m.group(1)}/{m.group(2)}] {m.group(3)[-90:]}"
+                latest[0] = f"[{m.group(1)}/{m.group(2)}] {cut(m.group(3), 90)}"
                 progress(latest[0])
 
         progress(f"building {TARGET} at {commit[:12]} (log: {ws.log})")

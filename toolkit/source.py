@@ -14,6 +14,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,19 +94,13 @@ def _download(package: str, version: str, progress) -> Path:
     # pip shows no progress without a terminal: it downloads into a temp dir under TMPDIR, so
     # give it a private one and report the bytes that arrived there, against the size pip names
     tmp = Path(tempfile.mkdtemp(prefix="pip-", dir=sdists))
-    total: list[str] = []
+    watch = _PipWatch(tmp, progress)
     done = threading.Event()
-
-    def on_line(line: str) -> None:
-        m = re.search(r"Downloading \S+ \(([\d.]+ [kMG]B)\)", line)
-        if m:
-            total.append(m.group(1))
+    on_line = watch.on_line
 
     def ticker() -> None:
-        while not done.wait(3.0):
-            # the archive itself, not what pip unpacks next to it to read its metadata
-            got = max((f.stat().st_size for f in tmp.rglob("*.tar.gz") if f.is_file()), default=0)
-            progress(f"  downloaded {got / 1e6:.1f} MB" + (f" of {total[0]}" if total else ""))
+        while not done.wait(watch.every):
+            watch.tick()
 
     th = threading.Thread(target=ticker, daemon=True)
     th.start()
@@ -126,6 +121,66 @@ def _download(package: str, version: str, progress) -> Path:
             hint="Check the version exists (`pip index versions " + package + "`) and PyPI is reachable.",
         )
     return found[0]
+
+
+class _PipWatch:
+    """What `pip download` is doing, said every few seconds: the archive's bytes while they
+    arrive, then pip's own step ("Installing build dependencies", "Preparing metadata") at least
+    every `quiet` seconds, so the minute pip spends building the sdist's metadata is not silent.
+    pip creates and deletes its temp dirs while we look: a file or directory that vanishes
+    mid-walk is skipped, and `tick` never raises (progress is best effort, never a traceback)."""
+
+    def __init__(self, tmp: Path, progress, every: float = 3.0, quiet: float = 15.0):
+        self.tmp, self.progress, self.every, self.quiet = tmp, progress, every, quiet
+        self.total: str | None = None
+        self.step = "pip started"  # pip's latest step, as it put it
+        self.start = self.said = time.monotonic()
+        self.got = 0
+
+    def on_line(self, line: str) -> None:
+        text = line.strip()
+        m = re.search(r"Downloading \S+ \(([\d.]+ [kMG]B)\)", text)
+        if m:
+            self.total, self.step = m.group(1), f"downloading {m.group(1)}"
+            return
+        # "Installing build dependencies: started" / "...: finished with status 'done'"
+        m = re.match(r"(.+?): (started|finished with status '(\w+)')$", text)
+        if m:
+            self.step = text
+            if m.group(2) == "started":
+                self.progress(f"  pip: {m.group(1)}")
+                self.said = time.monotonic()
+
+    def tick(self, now: float | None = None) -> str | None:
+        """One look; returns (and says) the line it said, if any."""
+        try:
+            now = time.monotonic() if now is None else now
+            got = archive_bytes(self.tmp)
+            if got > self.got:
+                msg = f"  downloaded {got / 1e6:.1f} MB" + (f" of {self.total}" if self.total else "")
+            elif now - self.said >= self.quiet:
+                msg = f"  still waiting for pip ({now - self.start:.0f} s; last: {self.step})"
+            else:
+                return None
+            self.got, self.said = max(got, self.got), now
+            self.progress(msg)
+            return msg
+        except Exception:  # noqa: BLE001 - a progress line is never worth a traceback
+            return None
+
+
+def archive_bytes(tmp: Path) -> int:
+    """Size of the largest *.tar.gz under `tmp` (the archive itself, not what pip unpacks next to
+    it to read its metadata); 0 when none. Entries pip deletes while we walk are skipped."""
+    best = 0
+    for dirpath, _dirs, files in os.walk(tmp):  # os.walk ignores directories that vanish
+        for name in files:
+            if name.endswith(".tar.gz"):
+                try:
+                    best = max(best, os.stat(os.path.join(dirpath, name)).st_size)
+                except OSError:  # gone between the listing and the stat
+                    pass
+    return best
 
 
 def _extract_vendor(sdist: Path, dest: Path) -> None:

@@ -93,3 +93,19 @@ class UI:
             if self.gha and not self.quiet:
                 print("::endgroup::", file=sys.stderr, flush=True)
             self.say(f"    {title}: {took:.1f} s")
+
+
+def help_list(names, lead: str = "", width: int = 44) -> str:
+    """`names` for a click help text as a paragraph of its own starting with `lead`, never split
+    inside a name: click rewraps help text and breaks at hyphens (`text-` / `overflow-4`). The
+    names go in lines of at most `width` characters (an 80-column terminal leaves 46 for an
+    option's help) under click's `\b` marker, which tells click to keep the paragraph as is."""
+    lines = [lead.rstrip()] if lead.strip() else []
+    for name in names:
+        if lines and len(lines[-1]) + len(name) + 2 <= width:
+            lines[-1] += f" {name},"
+        else:
+            lines.append(f"{name},")
+    if lines and lines[-1].endswith(","):
+        lines[-1] = lines[-1][:-1] + "."
+    return "\n\n\b\n" + "\n".join(lines)
