@@ -1,6 +1,7 @@
 """Issue 6: bad input and faults. Each: a clear message, a documented exit code, the user's tree
 byte-identical, no llama-server left (the autouse fixture), no worktree left (snapshot)."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from toolkit import apply, build, compare, model, runner, server, workload
 from toolkit.errors import PatchError, ServerError
 
-from .conftest import clone, snapshot
+from .conftest import clone, commit_on, snapshot
 
 LONG = workload.parse({"name": "long", "server": {"ctx": 8192, "parallel": 2},
                        "expect": {"base": "unchanged", "candidate": "unchanged", "integrity": False},
@@ -202,8 +203,34 @@ def test_request_timeout_is_an_outcome(c2_base, tmp_path):
     assert {o.outcome for o in box["r"].outcomes} == {"timeout"}
 
 
+def _marked(tag: bytes) -> list[int]:
+    """Live processes whose environment carries `tag`: everything a patchkit child started
+    (cmake, ninja, compilers, llama-server) inherits it, whatever its process group or parent."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                env = (d / "environ").read_bytes()  # a zombie's is empty: it is not running
+            except OSError:
+                continue
+            if tag in env.split(b"\0"):
+                pids.append(int(d.name))
+    return pids
+
+
+def _sigint(disposition):
+    """Runs in the child before exec: SIGINT as a terminal's foreground job has it (SIG_DFL),
+    or as a job started with `&` by a non-interactive shell (SIG_IGN, inherited across exec)
+    -- whatever this pytest run itself inherited."""
+    return lambda: signal.signal(signal.SIGINT, disposition)
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
 @pytest.mark.parametrize("what", ["build", "verify"])
-def test_ctrl_c(c2, c2_base, tmp_path, what):
+def test_ctrl_c(c2, c2_base, tmp_path, what, sigint):
+    """Ctrl-C (SIGINT) mid-build and mid-verify: exit 130, every child process gone, the tree
+    untouched. `ignored`: patchkit started with SIGINT ignored (a background job) must still
+    take it (cli.main restores the handler), or `kill -INT` would do nothing."""
     repo = clone(c2, tmp_path / "repo")
     if what == "build":
         f = tmp_path / "repo" / "tools/server/server-context.cpp"
@@ -216,32 +243,64 @@ def test_ctrl_c(c2, c2_base, tmp_path, what):
                 "--repeat", "30", "--report-dir", str(tmp_path / "rep")]
         marker = "base run 2/"
     before = snapshot(repo)
+    value = f"{os.getpid()}-{tmp_path.name}"
+    tag = f"PATCHKIT_CTRL_C_TEST={value}"
+    env = dict(os.environ, PATCHKIT_CTRL_C_TEST=value)
     p = subprocess.Popen([sys.executable, "-m", "toolkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    seen = ""
-    deadline = time.monotonic() + 300
-    while marker not in seen and time.monotonic() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            break
-        seen += line
-    assert marker in seen, seen[-2000:]
-    time.sleep(1.0)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err[-2000:]
+                         text=True, env=env,
+                         preexec_fn=_sigint(signal.SIG_DFL if sigint == "default" else signal.SIG_IGN))
+    try:
+        seen = ""
+        deadline = time.monotonic() + 300
+        while marker not in seen and time.monotonic() < deadline:
+            line = p.stderr.readline()
+            if not line:
+                break
+            seen += line
+        assert marker in seen, seen[-2000:]
+        # interrupt while patchkit has children at work (cmake/ninja, or a llama-server): the
+        # check below must have something to find if the cleanup were missing
+        deadline = time.monotonic() + 60
+        while not set(_marked(tag.encode())) - {p.pid} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        working = set(_marked(tag.encode())) - {p.pid}
+        assert working, "patchkit had no child process to interrupt"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:  # the assertion below reports it; never leave anything running
+            for pid in _marked(tag.encode()):
+                os.kill(pid, signal.SIGKILL)
+            out, err = p.communicate()
+    assert p.returncode == 130, (sigint, err[-2000:])
     assert "interrupted" in err
-    time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
-    assert not leftovers, f"processes left behind: {leftovers}"
+    deadline = time.monotonic() + 10  # SIGKILLed grandchildren: gone once the kernel reaps them
+    while _marked(tag.encode()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _marked(tag.encode()), f"processes left behind (were {sorted(working)})"
     assert snapshot(repo) == before
+
+
+def _harness_counts(output: str) -> dict[str, int]:
+    """The harness's closing line: what it actually exercised (property.cpp.j2 prints it)."""
+    m = re.match(r"ok (\d+) batches \((\d+) in embd mode\), (\d+) entries removed, (\d+) indices moved", output)
+    assert m, output
+    return dict(zip(("batches", "embd", "removed", "moved"), map(int, m.groups())))
+
+
+# Copies only the first float of each surviving entry's embd row. Every text a static check greps
+# for (std::copy, embd.resize, the index remap) stays: only running the surgery can tell.
+EMBD_ROW_END = "batch.embd.begin() + (size_t) (i + 1) * batch.n_embd,"
+EMBD_ROW_END_BROKEN = "batch.embd.begin() + (size_t) i * batch.n_embd + 1,"
 
 
 @pytest.mark.parametrize("version", ["0.3.35", "0.3.36"], ids=["C2", "D"])
 def test_property_harness_passes_and_catches_the_broken_variant(trees, tmp_path, version):
-    """The C++ property check (>= 20,000 random batches; token and embd mode where the layout has
-    embd batches) holds on the real patch and fails on the no-remap variant: it can fail. On the
-    two layouts the real tier builds (C works too, but would cost a third cold build)."""
+    """The C++ property check (20,000 random batches; token and embd mode where the layout has
+    embd batches) holds on the real patch and fails on broken surgeries, each for its reason:
+    no-remap (a survivor's index points at another entry) and, on C2, embd rows not moved with
+    their tokens (caught only in embd mode). On the two layouts the real tier builds (C works
+    too, but would cost a third cold build)."""
     from toolkit import check
     tree = trees(version)
     repo = clone(tree, tmp_path / "repo")
@@ -249,9 +308,32 @@ def test_property_harness_passes_and_catches_the_broken_variant(trees, tmp_path,
     good = apply.apply(repo, opts=opts).head_commit
     res = check.property_check(repo, good, 20000, opts=opts)
     assert res.ok, res.output
-    assert res.output.startswith("ok 20000 batches")
+    n = _harness_counts(res.output)
+    # it exercised the surgery: entries were removed and survivors' indices had to move
+    assert n["batches"] == 20000 and n["removed"] > 0 and n["moved"] > 0, n
     if version == "0.3.35":
-        assert "in embd mode" in res.output
+        # C2 has embd batches: a fair share of the batches ran in embd mode (about half)
+        assert n["embd"] >= 20000 // 4, n
+    else:
+        assert n["embd"] == 0, n  # D's server_batch has no embd mode
+
     bad, _ = apply.candidate_commit(repo, tree.commit, variant="no-remap", opts=opts)
     res = check.property_check(repo, bad, 20000, opts=opts)
-    assert not res.ok and "FAIL iteration" in res.output and "points at original" in res.output
+    assert not res.ok
+    m = re.search(r"FAIL iteration \d+: index (\d+) \(a surviving entry\) now (-?\d+) points at original (-?\d+)",
+                 res.output)
+    assert m, res.output
+    was, now, holds = map(int, m.groups())
+    assert now == was and holds != was, "a stale index: unchanged, now naming another entry"
+
+    if version == "0.3.35":
+        rel = "tools/server/server-context.cpp"
+        text = repo.git.show(f"{good}:{rel}")
+        assert text.count(EMBD_ROW_END) == 1, "the surgery's embd copy changed: update EMBD_ROW_END"
+        broken = commit_on(repo, good, {rel: text.replace(EMBD_ROW_END, EMBD_ROW_END_BROKEN)},
+                           "embd rows: only the first float moves")
+        res = check.property_check(repo, broken, 20000, opts=opts)
+        assert not res.ok
+        m = re.search(r"FAIL iteration \d+: embd of entry (\d+) \(original (\d+)\) is misaligned", res.output)
+        assert m, res.output  # the embd-mode check (token-mode batches have no embd to misalign)
+        assert int(m[1]) < int(m[2]), "a survivor that moved down: its row was not moved with it"
