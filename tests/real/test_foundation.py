@@ -1,8 +1,8 @@
 """Issue 2: the real loop on the unpatched default tree."""
 import json
+import os
 import subprocess
 import sys
-import time
 
 import git
 
@@ -16,12 +16,26 @@ def patchkit(*args, check=False, **kw):
     return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, check=check, **kw)
 
 
-def test_source_fetch_is_cached(c2):
-    t = time.monotonic()
-    res = patchkit("source", "fetch", check=True)
-    assert time.monotonic() - t < 5
+def test_source_fetch_is_cached(c2, tmp_path):
+    """A cached tree is served from the cache: pip (the only network patchkit uses) never runs.
+    Here `python -m pip` is a stub that fails, so a download attempt would fail the command."""
+    stub = tmp_path / "nopip" / "pip"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("")
+    (stub / "__main__.py").write_text("import sys\nsys.exit('pip must not run for a cached tree')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(stub.parent), os.environ.get("PYTHONPATH")])))
+    probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True, env=env)
+    assert probe.returncode != 0 and "must not run" in probe.stderr, "the stub must shadow pip, or this proves nothing"
+    head = git.Repo(c2.path).head.commit.hexsha
+    res = patchkit("source", "fetch", env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-1] == str(c2.path)
+    said = []
+    again = source.fetch(progress=said.append)
+    assert not again.fetched and said == [], said  # nothing downloaded, nothing extracted
+    assert again.path == c2.path and again.commit == c2.commit
     repo = git.Repo(c2.path)
+    assert repo.head.commit.hexsha == head
     assert repo.git.rev_parse(source.BASELINE_TAG) == c2.commit
     assert "vendor/llama.cpp baseline" in repo.commit(c2.commit).message
 
