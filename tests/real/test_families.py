@@ -27,29 +27,42 @@ def test_family_victim_is_the_largest(trees, tmp_path, layout, family):
     names = [f"{family}-overflow-4", f"{family}-victim-first"]
     res = run(trees(LAYOUTS[layout]), tmp_path, names, repeat=3)
     assert res.ok and res.layout == layout, failures(res)
-    for wr, victim in zip(res.results, (3, 0)):
+    for wr in res.results:
         assert wr.model == {"swa": "gemma2", "hybrid": "lfm2"}[family]
+        assert len(wr.candidate) == 3
         for c in wr.candidate:
+            # the measured largest, not the workload's sizing arithmetic: a skewed start may change it
             ev, = measure.overflows(c, wr.workload)
-            assert ev.terminated == (victim,) and ev.expected == (victim,) and ev.full, ev.describe()
-            assert ev.margin > ev.uncertainty
+            assert ev.full and len(ev.expected) == 1 and ev.terminated == ev.expected, ev.describe()
+            assert ev.margin > ev.uncertainty, ev.describe()
+        for v in (v for v in wr.verdicts if v.side == "candidate"):
+            checks = {ch.name: ch for ch in v.checks}
+            assert checks["victim-is-largest"].status == "pass" and checks["witness-agrees"].status == "pass"
 
 
-@pytest.mark.parametrize("name,largest", [("swa-victim-first", 0), ("hybrid-overflow-4", 3)])
-def test_position_span_count_picks_the_wrong_victim_on_families(c2, tmp_path, name, largest):
+@pytest.mark.parametrize("name", ["swa-victim-first", "hybrid-overflow-4"])
+def test_position_span_count_picks_the_wrong_victim_on_families(c2, tmp_path, name):
     """The first release's count (the memory's position span). iSWA: seq_pos_min comes from the
     sliding-window cache, whose masked cells are overwritten oldest-cell first, so each long
     slot reports ~190-200 and the largest (whose prompt cells were written first) reports the
-    least. Hybrid: ~1 per slot, so slot 0 wins the tie. Measured: another slot terminated, and
-    the patch's own log (its count) contradicted by the measurement."""
+    least. Hybrid: ~1 per slot, so slot 0 wins the tie. Measured: a slot other than the measured
+    largest terminated, and the patch's own log (its count) contradicted by the measurement."""
     res = run(c2, tmp_path, [name], variant="count-positions")
-    v = next(v for v in res.results[0].verdicts if v.side == "candidate")
+    wr = res.results[0]
+    v = next(v for v in wr.verdicts if v.side == "candidate")
     checks = {c.name: c for c in v.checks}
     assert checks["victim-is-largest"].status == "fail", checks["victim-is-largest"].detail
-    assert f"measured largest: [{largest}]" in checks["victim-is-largest"].detail
-    assert checks["witness-agrees"].status == "fail" and "log says slot" in checks["witness-agrees"].detail
-    ev, = measure.overflows(res.results[0].candidate[0], res.results[0].workload)
-    assert ev.terminated != (largest,)
+    assert checks["witness-agrees"].status == "fail", checks["witness-agrees"].detail
+    c = wr.candidate[v.run_index]
+    ev, = measure.overflows(c, wr.workload)
+    assert len(ev.terminated) == 1 and ev.terminated[0] not in ev.expected, ev.describe()
+    assert ev.margin > ev.uncertainty, ev.describe()  # a clear largest, and another slot went
+    lg, = [e for e in c.events if e.kind == "evict"]
+    measured = {s.slot: s.cells for s in ev.in_play}
+    claimed = {lg.victim: lg.cells, **dict(lg.others)}
+    # the patch's count disagrees with the cells measured, on the victim or on the slot it spared
+    wrong = {s: (claimed[s], measured[s]) for s in claimed if s in measured and claimed[s] != measured[s]}
+    assert wrong, (claimed, measured)
 
 
 def test_no_unified_pool_changes_nothing(c2, tmp_path):
