@@ -1,11 +1,18 @@
-"""`patchkit check`: compile only the patched translation unit, plus static checks of the patch.
+"""`patchkit check`: compile only the patched translation unit, plus presence checks of the patch;
+`--property` adds the behavioural check of its batch surgery.
 
 The compile uses the TU's own compile_commands.json command line (output to a temp file),
 in seconds instead of a build. A warning is "new" when it points into a region the patch
 inserted (between its markers), so one compile is enough: no baseline compile to diff.
-The static checks walk the patched helper with libclang and assert the invariants that
-a compiler cannot see (docs/DESIGN.md, section 2): what is removed from the token list is removed from
-embd too; the token pointer is restored before a re-render; survivors' indices remapped.
+
+`static_checks` are PRESENCE checks, not proofs: libclang finds the helper and counts the
+calls to it (AST), then looks for the code that implements each invariant of docs/DESIGN.md,
+section 2 in the helper's and the surgery's tokens (the rendered template's own statements:
+the batch shrunk, embd copied and resized with it, the token pointer restored before
+render(), the index shift). They catch a rendering that lost a piece, in seconds; code that
+is present but wrong passes them. What the code DOES is checked by `property_check` (the
+surgery run over random batches, each invariant asserted) and by the workloads (`verify`:
+integrity, one-sample-per-entry, victim-is-largest on real runs).
 """
 from __future__ import annotations
 
@@ -67,7 +74,9 @@ def compile_tu(cmd: codeindex.CompileCommand) -> proc.Result:
 
 
 def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
-    """Invariants of the patched helper, read from the AST."""
+    """Presence of the patched helper and of the code implementing each invariant (module doc):
+    `hook-called` counts call expressions in the AST; the others look for the statements in the
+    helper's and surgery's tokens. A pass says the code is there, not that it is right."""
     from clang.cindex import CursorKind as K
 
     _, methods = patch.declarations(tu)
@@ -87,31 +96,35 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
         return [Check("helper-present", "fail", f"{patch.HELPER}() not found in the patched TU")]
     toks = "".join(t.spelling for t in helper.get_tokens()) + surgery_toks
     checks = [Check("hook-called", "pass" if hook_calls == 1 else "fail",
-                    f"{patch.HELPER}() called {hook_calls} time(s) from the decode handler")]
+                    f"{patch.HELPER}() called {hook_calls} time(s) from the decode handler (AST)")]
     removes_tokens = "tokens.resize(" in toks or "n_tokens=n_new" in toks
     checks.append(Check("removes-entries", "pass" if removes_tokens else "fail",
-                        "the victim's undecoded entries are removed from the batch" if removes_tokens
-                        else "the helper never shrinks the batch"))
+                        "present: the batch is shrunk (tokens.resize / n_tokens = n_new)" if removes_tokens
+                        else "absent: the helper never shrinks the batch"))
     if facts_like.get("has_embd"):
         ok = "embd.resize(" in toks and "std::copy(" in toks
         checks.append(Check("embd-compacted", "pass" if ok else "fail",
-                            "every removal from tokens is matched in embd (copy + resize)" if ok
-                            else "tokens shrink but embd is not compacted: embeddings misalign"))
+                            "present: embd rows copied (std::copy) and embd resized with the tokens; "
+                            "alignment itself: --property" if ok
+                            else "absent: tokens shrink but embd is neither copied nor resized: embeddings misalign"))
     if facts_like.get("has_tokens_ptr"):
         restore = toks.find("tokens_ptr")
         render = toks.find(".render()")
         ok = render < 0 or (0 <= restore < render)
         checks.append(Check("token-pointer-restored", "pass" if ok else "fail",
-                            "tokens_ptr restored before render()" if ok
-                            else "render() may write through the null token pointer of embd mode"))
+                            "present: tokens_ptr assigned before the first render()" if ok
+                            else "absent: render() comes before any tokens_ptr assignment (embd mode's null "
+                                 "token pointer)"))
     remapped = "indices.push_back(&s.i_batch)" in toks and "*idx-=n_removed_before[*idx]" in toks
     checks.append(Check("indices-remapped", "pass" if remapped else "fail",
-                        "survivors' i_batch shifted past removed entries" if remapped
-                        else "survivors' i_batch are not remapped: they sample stale indices"))
+                        "present: survivors' i_batch collected and shifted by the removed entries before them; "
+                        "the shift's correctness: --property" if remapped
+                        else "absent: survivors' i_batch are not shifted: they would sample stale indices"))
     if facts_like.get("has_spec_i_batch"):
         ok = "spec_i_batch)" in toks and "indices.push_back(&idx)" in toks and remapped
         checks.append(Check("spec-indices-remapped", "pass" if ok else "fail",
-                            "spec_i_batch entries shifted too" if ok else "spec_i_batch not remapped"))
+                            "present: spec_i_batch entries collected for the same shift" if ok
+                            else "absent: spec_i_batch not collected for the shift"))
     return checks
 
 
