@@ -131,7 +131,7 @@ def commit_series(repo: git.Repo, base: str, rel: str, texts: list[tuple[int, by
                 g.update_index("--cacheinfo", f"{mode},{blob},{rel}")
                 tree = g.write_tree()
                 title, body = spec.stages[stage - 1]
-                msg = f"{title}\n\n{body.format(policy=policy)}\n\n" + "".join(
+                msg = f"{title}\n\n{body.format(policy=policy, policy_what=patch.POLICY_WHAT[policy])}\n\n" + "".join(
                     f"{k}: {v}\n" for k, v in {**trailers, "Patchkit-Stage": str(stage)}.items())
                 parent = g.commit_tree(tree, "-p", parent, "-m", msg)
                 commits.append(parent)
@@ -153,7 +153,7 @@ def candidate_commit(repo: git.Repo, base: str, patch_name: str = patch.DEFAULT_
     if an.state == "applied":
         return base, an
     if an.state == "partial":
-        raise PatchError(f"{an.file} at {base[:12]} carries only part of '{spec.name}' (some markers missing).")
+        raise PatchError(f"{an.file} at {base[:12]} carries only part of '{spec.name}' (one of its two definitions).")
     texts = patch.stage_texts(an.source, an.facts, spec, policy, variant)
     commits = commit_series(repo, base, an.file, texts, spec, policy,
                             {TRAILER_PATCH: f"{spec.name} policy={policy}" + (f" variant={variant}" if variant else "")})
@@ -180,7 +180,7 @@ def apply(repo: git.Repo, *, patch_name: str = patch.DEFAULT_PATCH, policy: str 
         return Applied("already-applied", None, current_branch(repo), base, base, (), an.file, "",
                        time.monotonic() - start)
     if an.state == "partial":
-        raise PatchError(f"{an.file} carries only part of '{spec.name}' (some of its markers are missing): "
+        raise PatchError(f"{an.file} carries only part of '{spec.name}' (one of its two definitions is missing): "
                          "it was edited after patching.", hint="Restore the file or revert to the base branch.")
     texts = patch.stage_texts(an.source, an.facts, spec, policy, variant)
     diff = _diff(an.file, an.source, texts[-1][1])

@@ -2,8 +2,9 @@
 `--property` adds the behavioural check of its batch surgery.
 
 The compile uses the TU's own compile_commands.json command line (output to a temp file),
-in seconds instead of a build. A warning is "new" when it points into a region the patch
-inserted (between its markers), so one compile is enough: no baseline compile to diff.
+in seconds instead of a build. A warning is "new" when it points into a line the patch added
+(a line diff of the file against the commit the series was applied on), so one compile is
+enough: no baseline compile to diff.
 
 `static_checks` are PRESENCE checks, not proofs: libclang finds the helper and counts the
 calls to it (AST), then looks for the code that implements each invariant of docs/DESIGN.md,
@@ -51,16 +52,12 @@ class CheckResult:
         return not self.errors and not self.new_warnings and all(c.ok for c in self.static)
 
 
-def marker_regions(text: str, marker: str) -> list[tuple[int, int]]:
-    """1-based inclusive line ranges between '<marker> begin' and '<marker> end'."""
-    out, start = [], None
-    for n, line in enumerate(text.splitlines(), 1):
-        if f"{marker} begin" in line:
-            start = n
-        elif f"{marker} end" in line and start is not None:
-            out.append((start, n))
-            start = None
-    return out
+def added_lines(before: str, after: str) -> set[int]:
+    """1-based numbers of the lines of `after` that `before` does not have (the patch's lines)."""
+    import difflib
+
+    sm = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
+    return {n + 1 for tag, _, _, j1, j2 in sm.get_opcodes() if tag in ("insert", "replace") for n in range(j1, j2)}
 
 
 def compile_tu(cmd: codeindex.CompileCommand) -> proc.Result:
@@ -73,7 +70,7 @@ def compile_tu(cmd: codeindex.CompileCommand) -> proc.Result:
         return proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
 
 
-def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
+def static_checks(tu, facts_like: dict) -> list[Check]:
     """Presence of the patched helper and of the code implementing each invariant (module doc):
     `hook-called` counts call expressions in the AST; the others look for the statements in the
     helper's and surgery's tokens. A pass says the code is there, not that it is right."""
@@ -84,11 +81,13 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
     source = Path(main).read_bytes()
     helper, hook_calls = None, 0
     surgery_toks = ""
-    for c in tu.cursor.get_children():
+    for c in tu.cursor.get_children():  # a free function on plain-llama_batch layouts
         if c.spelling == patch.SURGERY and c.is_definition() and c.location.file and str(c.location.file) == main:
             surgery_toks = "".join(t.spelling for t in c.get_tokens())
     for _, m in methods:
-        if m.spelling == patch.HELPER:
+        if m.spelling == patch.SURGERY:    # a server_batch member
+            surgery_toks = "".join(t.spelling for t in m.get_tokens())
+        elif m.spelling == patch.HELPER:
             helper = m
         elif patch.HELPER.encode() in source[m.extent.start.offset:m.extent.end.offset]:
             hook_calls += sum(1 for c in m.walk_preorder() if c.kind == K.CALL_EXPR and c.spelling == patch.HELPER)
@@ -115,7 +114,7 @@ def static_checks(tu, facts_like: dict, marker: str) -> list[Check]:
                             "present: tokens_ptr assigned before the first render()" if ok
                             else "absent: render() comes before any tokens_ptr assignment (embd mode's null "
                                  "token pointer)"))
-    remapped = "indices.push_back(&s.i_batch)" in toks and "*idx-=n_removed_before[*idx]" in toks
+    remapped = "indices.push_back(&s->i_batch)" in toks and "*idx-=n_removed[*idx]" in toks
     checks.append(Check("indices-remapped", "pass" if remapped else "fail",
                         "present: survivors' i_batch collected and shifted by the removed entries before them; "
                         "the shift's correctness: --property" if remapped
@@ -140,7 +139,9 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
         raise PatchError(f"{rel} at {commit[:12]} does not carry '{spec.name}'; apply it first "
                          "(`patchkit apply`) or pass --ref of the patched branch.")
     cmd = ws.compile_command(rel)
-    regions = marker_regions(text, spec.marker)
+    from .apply import series_base
+    under = series_base(repo, commit, within=50)
+    added = added_lines(repo.git.show(f"{under}:{rel}") if under else "", text) if under else set()
 
     # libclang parse (static checks) runs while the compiler works
     box: dict = {}
@@ -153,7 +154,7 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
             batch, slot = structs.get("server_batch", {}), structs.get("server_slot", {})
             facts = {"has_embd": "has_embd" in batch and "embd" in batch, "has_tokens_ptr": "tokens_ptr" in batch,
                      "has_spec_i_batch": "spec_i_batch" in slot}
-            box["static"] = static_checks(tu, facts, spec.marker)
+            box["static"] = static_checks(tu, facts)
         except Exception as e:  # reported as a failed check, never lost
             box["static"] = [Check("libclang-parse", "fail", f"{type(e).__name__}: {e}")]
         box["parse_s"] = time.monotonic() - t
@@ -170,7 +171,7 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
         if not m:
             continue
         in_file = Path(m["file"]).name == path.name
-        inside = in_file and any(a <= int(m["line"]) <= b for a, b in regions)
+        inside = in_file and int(m["line"]) in added
         if m["sev"] != "warning":
             errors.append(line.strip())
         elif inside:
@@ -205,12 +206,11 @@ def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 200
     text = (ws.src / rel).read_text(errors="replace")
     if patch.state(text, spec) != "applied":
         raise PatchError(f"{rel} at {commit[:12]} does not carry '{spec.name}'.")
-    end_marker = f"// {spec.marker} end\n"
-    end = text.find(end_marker)
-    if f"static void {patch.SURGERY}(server_batch" not in text[:end]:
+    batch_struct = re.search(r"struct server_batch \{.*?\n\};\n", text, re.S)
+    if not batch_struct or f"void {patch.SURGERY}(int32_t id_slot" not in batch_struct.group(0):
         raise PatchError(f"{rel}: the property check drives server_batch layouts (C, C2, D); this tree's batch "
                          "is a plain llama_batch (layouts A, B), covered by `check` and the workloads instead.")
-    batch_struct = re.search(r"struct server_batch \{.*?\n\};", text, re.S)
+    end = batch_struct.end()
     has_embd = bool(batch_struct and re.search(r"\bbool has_embd\b", batch_struct.group(0)))
     facts = {"has_embd": has_embd}
     driver = patch.templates(spec).get_template("property.cpp.j2").render(
@@ -218,7 +218,7 @@ def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 200
     out_dir = ws.root / "property"
     out_dir.mkdir(exist_ok=True)
     src = out_dir / "harness.cpp"
-    src.write_text(text[: end + len(end_marker)] + driver)
+    src.write_text(text[:end] + driver)
     cmd = ws.compile_command(rel)
     argv = [a for a in cmd.argv if Path(a).name != "ccache"]
     argv = [a for a in argv if a != "-c"]

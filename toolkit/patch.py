@@ -24,8 +24,12 @@ from .errors import LayoutError, PatchError, UsageError  # noqa: F401 (LayoutErr
 
 PATCHES_DIR = data_dir("patches")
 DEFAULT_PATCH = "evict-largest-slot"
-HELPER = "patchkit_evict_one"
-SURGERY = "patchkit_remove_entries"
+# The names the patch gives its code: what a maintainer would call them (no tool names in the C++;
+# patchkit recognises its series by commit trailers and by these definitions, see state()).
+HELPER = "evict_one_slot"
+SURGERY = "remove_slot_entries"
+# What each victim policy terminates, in the commit message's words.
+POLICY_WHAT = {"largest": "the most cells", "smallest": "the fewest cells", "newest": "the newest task"}
 # Where each layout keeps the server's decode loop, newest first.
 SERVER_FILES = ("tools/server/server-context.cpp", "tools/server/server.cpp", "examples/server/server-context.cpp",
                 "examples/server/server.cpp")
@@ -51,13 +55,13 @@ class Facts:
     frees_cells: bool         # whether those statements free the slot's KV cells
     cache_tokens: str         # the slot's token-cache field (cleared with the cells)
     task_id: str              # expression (SLOT = a slot pointer) ordering slots by arrival
-    surgery_at: int           # byte offset: the free batch-surgery function goes here (before the server struct)
+    surgery_at: int           # byte offset: the batch surgery goes here (a server_batch member: before the
+                              # struct's closing brace; a plain llama_batch: a free function before the server struct)
     helper_at: int            # byte offset: insert the helper method here
     helper_indent: str
     hook_at: int              # byte offset: just after '{' of the n_batch == 1 && ret == 1 branch
     hook_indent: str
-    kv_unified: str = ""      # expression telling whether the KV pool is unified ("" if the tree has none)
-    task_family: bool = False  # n_cmpl: server_task::id_parent links children to the parent whose cells they share
+    hook_end: int = -1        # the upstream TODO this patch resolves, replaced by the hook: [hook_at, hook_end)
     # per-slot quantities a WRONG patch might choose its victim by (mutants only; SLOT = a slot reference)
     prompt_len: str = "SLOT.n_prompt_tokens"
     generated: str = "SLOT.n_decoded"
@@ -66,7 +70,6 @@ class Facts:
 @dataclass(frozen=True)
 class PatchSpec:
     name: str
-    marker: str
     summary: str
     policies: tuple[str, ...]
     stages: tuple[tuple[str, str], ...]
@@ -86,7 +89,7 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
         if unknown:  # a typo would silently render the right patch under a mutant's name
             raise UsageError(f"{meta}: variant '{name_}' sets unknown switches {sorted(unknown)}; "
                              f"known: {', '.join(RIGHT)}.")
-    return PatchSpec(d["name"], d["marker"], d["summary"], tuple(d["policies"]),
+    return PatchSpec(d["name"], d["summary"], tuple(d["policies"]),
                      tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}), root)
 
 
@@ -228,6 +231,7 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     if inner.startswith("{"):
         inner = inner[1:inner.rindex("}")]
     terminate = textwrap.dedent(inner.strip("\n")).strip()
+    terminate = unguard(terminate)
     frees = "prompt_clear" in terminate or "seq_rm" in terminate
     cache_tokens = "cache_tokens" if "cache_tokens" in slot else "prompt.tokens"
     task_id = "SLOT->id_task" if "id_task" in slot else "(SLOT->task ? SLOT->task->id : -1)"
@@ -246,21 +250,38 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     if owner_cursor is None:
         raise LayoutError(_missing_msg(rel, [f"the definition of {owner}"]))
     s_start = _above_comments(source, owner_cursor.extent.start.offset)
+    if batch_model != "plain":
+        # a server_batch member: just before the struct's closing brace
+        b_end = batch_struct["<cursor>"].extent.end.offset
+        s_start = _line_start(source, source.rindex(b"}", 0, b_end + 1))
     body = next(ch for ch in branch.get_children() if ch.kind == K.COMPOUND_STMT)
     hook_at = body.extent.start.offset + 1
     first_stmt = next(iter(body.get_children()), None)
     hook_indent = _indent_at(source, first_stmt.extent.start.offset) if first_stmt else \
         _indent_at(source, branch.extent.start.offset) + "    "
-    # the server reads the unified-pool switch from its own params; without it there is one pool
-    kv_unified = "params_base.kv_unified" if re.search(rb"\bparams_base\.kv_unified\b", source) else ""
-    # children of an n_cmpl task name their parent (task->id_parent) and share its prompt cells
-    task_family = bool(re.search(rb"task->id_parent\b", source)) and "->task" in task_id
+    # upstream's TODO in this branch asks for exactly this patch: the hook takes its place
+    hook_end = -1
+    todo = re.compile(rb"\n[ \t]*// TODO: try to terminate only the largest[^\n]*(\n[ \t]*//[^\n]*)*")
+    m = todo.match(source, hook_at) or todo.match(source, hook_at - 1)
+    if m and m.end() <= body.extent.end.offset:
+        hook_end = m.end()
     prompt_len = "(int32_t) SLOT.task->n_tokens()" if "->task" in task_id else "(int32_t) SLOT.n_prompt_tokens"
     generated = "SLOT.n_decoded" if "n_decoded" in slot else "SLOT.stats.n_gen"
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
-                 hook_indent, kv_unified, task_family, prompt_len, generated)
+                 hook_indent, hook_end, prompt_len, generated)
+
+
+def unguard(terminate: str) -> str:
+    """The all-slots loop's body, as the victim's termination: without its `if (slot.is_processing())`
+    wrapper (the victim is in play by choice: always true) and without its comments (they explain
+    the all-slots path). Anything else stays verbatim."""
+    m = re.fullmatch(r"if \(slot\.is_processing\(\)\) \{\n(.*)\n\}", terminate, re.S)
+    if m and not re.search(r"\n\}", m.group(1)):  # no block closed inside: one guarded body
+        terminate = textwrap.dedent(m.group(1)).strip()
+    lines = [l for l in terminate.splitlines() if not l.strip().startswith("//")]
+    return re.sub(r"\n{2,}", "\n", "\n".join(lines)).strip()
 
 
 def _above_comments(source: bytes, offset: int) -> int:
@@ -308,11 +329,13 @@ def templates(spec: PatchSpec) -> jinja2.Environment:
 
 
 def state(text: str, spec: PatchSpec) -> str:
-    """'clean' | 'applied' | 'partial' (some markers but not the whole patch)."""
-    n = text.count(spec.marker)
-    if n == 0:
-        return "clean"
-    return "applied" if n == 6 else "partial"  # three regions: surgery, helper, hook
+    """'clean' | 'applied' | 'partial' (one of the patch's two definitions without the other).
+    Read from the code's own definitions, not from markers: the patch carries none."""
+    helper = re.search(rf"\bbool {HELPER}\(int32_t", text) is not None
+    surgery = re.search(rf"\bvoid {SURGERY}\((llama_batch & batch, )?int32_t id_slot", text) is not None
+    if helper and surgery:
+        return "applied"
+    return "partial" if helper or surgery else "clean"
 
 
 # The template's structural switches, as the right patch sets them. A mutant (patch.toml,
@@ -326,7 +349,6 @@ RIGHT = {
     "remove_from": "off",          # off | zero: where removal starts (entries below off are decoded)
     "remap": "exact",              # exact | none | off-by-one | i-batch-only: survivors' indices after removal
     "embd_compact": True,          # embd rows compacted with their tokens
-    "unified_guard": "yes",        # yes | missing | inverted: act only on a unified pool
     "false_witness": False,        # log a victim other than the one terminated
 }
 
@@ -343,15 +365,19 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
         if params == RIGHT:
             raise UsageError(f"variant '{variant}' flips no switch: it would render the right patch.")
     env = templates(spec)
-    ctx = dict(f=facts, marker=spec.marker, helper=HELPER, surgery=SURGERY, policy=policy, stage=stage, **params)
+    ctx = dict(f=facts, helper=HELPER, surgery=SURGERY, policy=policy, stage=stage, **params)
     surgery = env.get_template("surgery.cpp.j2").render(**ctx)
     helper = env.get_template("helper.cpp.j2").render(**ctx)
     hook = env.get_template("hook.cpp.j2").render(**ctx)
-    helper = textwrap.indent(helper, facts.helper_indent, lambda l: l.strip() != "")
-    hook = "\n" + textwrap.indent(hook.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "") + "\n"
-    # insert at the latest offset first so the earlier ones stay valid
-    assert facts.surgery_at < facts.helper_at < facts.hook_at
-    out = source[: facts.hook_at] + hook.encode() + source[facts.hook_at:]
+    member = facts.batch_model != "plain"
+    surgery = textwrap.indent(surgery, "    " if member else "", lambda l: l.strip() != "")
+    surgery = ("\n" + surgery) if member else (surgery + "\n")
+    helper = textwrap.indent(helper, facts.helper_indent, lambda l: l.strip() != "") + "\n"
+    hook = "\n" + textwrap.indent(hook.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "")
+    hook_end = facts.hook_end if facts.hook_end > 0 else facts.hook_at
+    # edit from the latest offset back, so the earlier ones stay valid
+    assert facts.surgery_at < facts.helper_at < facts.hook_at <= hook_end
+    out = source[: facts.hook_at] + hook.encode() + (b"" if facts.hook_end > 0 else b"\n") + source[hook_end:]
     out = out[: facts.helper_at] + helper.encode() + out[facts.helper_at:]
     return out[: facts.surgery_at] + surgery.encode() + out[facts.surgery_at:]
 

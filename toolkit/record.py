@@ -92,7 +92,9 @@ def sanitizer_findings(log_text: str) -> tuple[str, ...]:
     return tuple(m.group(1).strip()[:300] for m in SANITIZER_RE.finditer(log_text))
 
 
-EVICT_RE = re.compile(r"patchkit-evict: slot=(\d+) cells=(\d+) off=(\d+)(?: others=([\d:,]*))?")
+# the eviction patch's one operator-facing line (patches/evict-largest-slot/helper.cpp.j2)
+EVICT_RE = re.compile(r"KV cache is full: terminating slot (\d+) \((\d+) cells[^)]*\) so that \d+ other slots? "
+                      r"can continue, off = (\d+)")
 ERROR_ALL_RE = re.compile(r"Context size has been exceeded\. off = (\d+)")
 
 
@@ -101,8 +103,7 @@ def events_from_log(text: str) -> tuple[Event, ...]:
     for line in text.splitlines():
         m = EVICT_RE.search(line)
         if m:
-            others = tuple(tuple(int(x) for x in kv.split(":")) for kv in (m.group(4) or "").split(",") if kv)
-            out.append(Event("evict", int(m.group(3)), int(m.group(1)), int(m.group(2)), others))
+            out.append(Event("evict", int(m.group(3)), int(m.group(1)), int(m.group(2)), ()))
             continue
         m = ERROR_ALL_RE.search(line)
         if m:

@@ -103,7 +103,7 @@ def test_an_earlier_start_without_overflow_must_complete_everything():
 
 @pytest.mark.parametrize("layout", ["C2", "D"])
 def test_every_mutant_flips_a_switch_and_changes_the_rendering(layout):
-    f = facts(**LAYOUTS[layout], kv_unified="params_base.kv_unified")
+    f = facts(**LAYOUTS[layout])
     right = patch.render(SRC, f, SPEC, stage=3)
     same = [name for name in SPEC.variants if patch.render(SRC, f, SPEC, stage=3, variant=name) == right]
     assert same == [] and len(SPEC.variants) >= 12

@@ -60,10 +60,11 @@ def test_unknown_workload_lists_known():
 
 
 def test_events_from_log():
-    log = ("0.01.3 W srv  patchkit_evi: patchkit-evict: slot=3 cells=287 off=0 others=0:227,1:247,2:267 policy=largest\n"
+    log = ("0.01.3 W srv  evict_one_sl: KV cache is full: terminating slot 3 (287 cells, the most) so that 3 other "
+           "slots can continue, off = 0\n"
            "0.00.4 E srv  decode: Context size has been exceeded. off = 2, n_batch = 1, ret = 1\n")
     ev = record.events_from_log(log)
-    assert ev[0] == record.Event("evict", 0, 3, 287, ((0, 227), (1, 247), (2, 267)))
+    assert ev[0] == record.Event("evict", 0, 3, 287, ())
     assert ev[1].kind == "error-all" and ev[1].off == 2
 
 
