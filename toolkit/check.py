@@ -128,7 +128,8 @@ def static_checks(tu, facts_like: dict) -> list[Check]:
 
 
 def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAULT_PATCH,
-          opts: build_mod.Options = build_mod.Options(), progress=log_progress) -> CheckResult:
+          opts: build_mod.Options = build_mod.Options(), progress=log_progress, compile: bool = True) -> CheckResult:
+    """`compile=False`: the libclang checks only (the mutation campaign builds the TU anyway)."""
     spec = patch.load_patch(patch_name)
     commit = resolve(repo, ref)
     ws = build_mod.checkout(repo, commit, opts, progress)
@@ -159,6 +160,9 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
             box["static"] = [Check("libclang-parse", "fail", f"{type(e).__name__}: {e}")]
         box["parse_s"] = time.monotonic() - t
 
+    if not compile:
+        parse()
+        return CheckResult(commit, rel, (), (), 0, tuple(box.get("static", [])), 0.0, box.get("parse_s", 0.0))
     th = threading.Thread(target=parse)
     th.start()
     progress(f"compiling {rel} with its compile_commands.json command")

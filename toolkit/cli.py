@@ -314,6 +314,64 @@ def mutants_cmd(repo, base_ref, names, workloads, repeat, report_dir, list_only,
     sys.exit(0 if killed == judged else 1)
 
 
+@cli.command("export")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
+@click.option("--base", "base_ref", default=None, help="The commit the series goes on (default: the commit under "
+              "the candidate's patchkit series).")
+@click.option("--candidate", "cand_ref", default=None, help="The series' tip (default: HEAD when it carries a "
+              "patchkit series; else the patch applied to the base as commit objects).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-export"),
+              show_default=True, help="Where the .patch files and PR.md go.")
+@click.option("--mutants", "mutants_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="A `patchkit mutants` campaign's mutants.json on the same base: its score goes in.")
+@click.option("--sanitize", is_flag=True, help="Also run overflow workloads on an ASan+UBSan build (one cold "
+              "sanitizer build, ~20 min on 2 cores).")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 10))
+@click.option("--json", "as_json", is_flag=True)
+def export_cmd(repo, base_ref, cand_ref, out_dir, mutants_json, sanitize, repeat, as_json) -> None:
+    """Export the series for upstream: format-patch files + a PR description of measured numbers.
+
+    The description (PR.md) holds the commit message and figures measured in this very run:
+    the before/after table of the default suite and of the model-family workloads, the
+    property harness's batch count, the mutation score (--mutants) and the sanitizer result
+    (--sanitize), each with the command that reproduces it. Exit 0 when every figure passed.
+
+    \b
+    Examples:
+      patchkit export --repo ~/llama.cpp --out pr/            # HEAD = the patch branch
+      patchkit mutants --repo T --report-dir m/ && patchkit export --repo T --mutants m/mutants.json
+    """
+    from . import export as export_mod
+    from . import verify as pipeline
+    from .apply import series_base
+
+    ui = UI(quiet=as_json)
+    r = _repo(repo, ui)
+    head = source.resolve(r, None)
+    cand = source.resolve(r, cand_ref) if cand_ref else None
+    if cand is None and series_base(r, head):
+        cand = head
+    base = source.resolve(r, base_ref) if base_ref else (series_base(r, cand, within=pipeline.SERIES_DEPTH)
+                                                         if cand else head)
+    if base is None:
+        raise UsageError(f"{cand_ref} carries no patchkit series: name the commit it goes on with --base.")
+    if cand is None:
+        from . import apply as apply_mod
+        cand, _ = apply_mod.candidate_commit(r, base, progress=ui.say)
+    pipeline.refuse_vacuous(r, base, "--base" if base_ref else "the series' base", cand, cand_ref or "the series")
+    res = export_mod.export(r, base, cand, out_dir.resolve(), repo_arg=repo or str(r.working_tree_dir),
+                            mutants_json=mutants_json, sanitize=sanitize, repeat=repeat, say=ui.say,
+                            progress=ui.progress)
+    if as_json:
+        _emit_json({"ok": res.ok, "patches": [str(p) for p in res.patches], "description": str(res.description)})
+    else:
+        for p in res.patches:
+            click.echo(str(p))
+        click.echo(str(res.description))
+        click.echo("PASS" if res.ok else "FAIL")
+    sys.exit(0 if res.ok else 1)
+
+
 @cli.command("apply")
 @click.option("--repo", type=click.Path(file_okay=False), required=True, help="Your llama.cpp checkout.")
 @click.option("--patch", "patch_name", default="evict-largest-slot", show_default=True,

@@ -227,7 +227,8 @@ def choose_base(repo: git.Repo, base_ref: str | None, candidate_ref: str | None)
     if base_ref is not None:
         return resolve(repo, base_ref), f"--base {base_ref}"
     carrier = cand or resolve(repo, None)
-    under = series_base(repo, carrier, within=SERIES_DEPTH)
+    # a candidate you name may have commits on top of its series; HEAD is read as it is
+    under = series_base(repo, carrier, within=SERIES_DEPTH if cand else 0)
     if under:
         return under, (f"the commit {candidate_ref or 'HEAD'} was patched on "
                        "(it carries a patchkit series; --base overrides)")
@@ -240,12 +241,16 @@ def refuse_vacuous(repo: git.Repo, base: str, base_why: str, cand: str, cand_why
     same = "the same commit" if cand == base else (
         "two commits with the same tree (one binary)" if repo.commit(cand).tree == repo.commit(base).tree else None)
     if same:
+        from .apply import series_base
+        deeper = series_base(repo, base, within=SERIES_DEPTH)
+        hint = (f" {base[:12]} already carries a patchkit series: to judge it "
+                f"against the commit under the series ({deeper[:12]}), pass --candidate {base[:12]} (or its "
+                f"branch).") if deeper else ""
         raise UsageError(
             f"the base and the candidate are {same} ({base[:12]}: base from {base_why}; candidate "
             f"{cand[:12]}: {cand_why}); verify would judge one server against itself, a verdict on nothing. "
             f"Pass the commit the change was made on as --base (e.g. --base main), or the changed commit as "
-            f"--candidate; a tree that already carries the patch is judged as it is, against the commit "
-            f"under its series, when you give no candidate option.")
+            f"--candidate." + hint)
 
 
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
@@ -256,9 +261,8 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
     from .source import current_branch, resolve
 
     if not (baseline_only or candidate_ref or patch_name or patch_file or commit or variant or base_ref) \
-            and series_base(repo, resolve(repo, None), within=SERIES_DEPTH):
-        # HEAD carries a patchkit series (apply made it, perhaps with commits on top): judge what
-        # the user has, not a re-rendering of the patch
+            and series_base(repo, resolve(repo, None)):
+        # HEAD is a patchkit series (`apply` made it): judge what the user has, not a re-rendering
         candidate_ref = "HEAD"
     base, why = choose_base(repo, base_ref, candidate_ref)
     ui.say(f"base {base[:12]}: {why}")

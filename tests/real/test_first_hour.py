@@ -36,3 +36,36 @@ def test_newcomer_sequence_apply_then_verify(c2, c2_base, tmp_path):
                      "--report-dir", str(tmp_path / "o3"))
     assert again.returncode == 2 and "already carries a patchkit series" in again.stderr, again.stderr
     assert snapshot(repo) == before
+
+
+def test_plain_verify_judges_head_and_never_judges_a_tree_against_itself(c2, c2_base, tmp_path):
+    """Right after apply, plain `verify` judges HEAD (the user's patch branch) against the commit
+    under its series. One more commit on the branch (a README note), then plain `verify`: HEAD is
+    not itself a series, the default patch on it changes nothing, so base and candidate would be
+    one tree (one binary): refused with exit 2, before anything is built, saying how to judge it."""
+    import json
+
+    repo = clone(c2, tmp_path / "T")
+    base = repo.head.commit.hexsha
+    assert patchkit("apply", "--repo", str(tmp_path / "T")).returncode == 0
+    head = repo.head.commit.hexsha
+    res = patchkit("verify", "--repo", str(tmp_path / "T"), "--workload", "overflow-4", "--report-dir",
+                   str(tmp_path / "out"))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (report["base_commit"], report["candidate_commit"]) == (base, head)
+    assert "patched on" in report["base_why"]
+    assert report["candidate"].startswith("HEAD (branch patchkit/evict-largest-slot)"), report["candidate"]
+
+    (tmp_path / "T" / "README.note").write_text("a note on the patch branch\n")
+    repo.git.add("README.note")
+    repo.git.commit("-qm", "a note")
+    before = snapshot(repo)
+    res = patchkit("verify", "--repo", str(tmp_path / "T"), "--workload", "overflow-4", "--report-dir",
+                   str(tmp_path / "o2"))
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "a verdict on nothing" in res.stderr and "already carries a patchkit series" in res.stderr, res.stderr
+    assert f"pass --candidate {repo.head.commit.hexsha[:12]}" in res.stderr, res.stderr
+    assert "building" not in res.stderr, "refused before anything is built"
+    assert not (tmp_path / "o2" / "report.json").exists()
+    assert snapshot(repo) == before

@@ -1,0 +1,104 @@
+"""`patchkit export`: the series as a maintainer receives it, with the numbers that prove it.
+
+Writes `git format-patch` files of the series (base..candidate) and a pull-request description
+(toolkit/templates/pr.md.j2) built ONLY from measurements taken in this run: the before/after
+table of the suite and of the model-family workloads, the property harness's batch count, the
+mutation score (when a campaign's mutants.json is given), the sanitizer result (when asked
+for), and the command that reproduces each figure. A figure that was not measured in this run
+is said to be not measured; nothing is carried over from memory.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+import jinja2
+
+from . import build as build_mod
+from . import check as check_mod
+from . import report as report_mod
+from . import verify as verify_mod
+from .errors import PatchError, UsageError
+from .workload import load as load_workload
+
+FAMILIES = ["swa-overflow-4", "hybrid-overflow-4"]
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("toolkit", "templates"), undefined=jinja2.StrictUndefined,
+                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+@dataclass(frozen=True)
+class Exported:
+    out_dir: Path
+    patches: tuple[Path, ...]
+    description: Path
+    ok: bool                     # every figure the description states passed
+
+
+def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg: str, mutants_json: Path | None,
+           sanitize: bool, repeat: int, say, progress) -> Exported:
+    if base == candidate:
+        raise UsageError("the series is empty: base and candidate are the same commit.")
+    commits = list(repo.iter_commits(f"{base}..{candidate}", first_parent=True))
+    if not commits:
+        raise UsageError(f"{candidate[:12]} is not a descendant of {base[:12]}: nothing to export.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.patch"):
+        old.unlink()
+    # the trailers are patchkit's bookkeeping, not the maintainer's: format-patch keeps the
+    # messages as committed, so strip them from the files
+    names = repo.git.format_patch(f"{base}..{candidate}", "-o", str(out_dir), "--no-signature").splitlines()
+    patches = tuple(Path(n) for n in names)
+    for p in patches:
+        p.write_text("\n".join(l for l in p.read_text().splitlines() if not l.startswith("Patchkit-")) + "\n")
+    stat = repo.git.diff("--stat", base, candidate)
+
+    def cmd(*args: str) -> str:
+        return "patchkit " + " ".join(shlex.quote(a) for a in args)
+
+    say("measuring: the default suite, base vs the series")
+    suite = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in verify_mod.SUITE], repeat=repeat,
+                                 work_dir=out_dir / "logs" / "suite", expect="eviction", evicting_patch=True,
+                                 candidate_label="the series", say=say, progress=progress)
+    say("measuring: the model-family workloads")
+    families = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in FAMILIES], repeat=repeat,
+                                    work_dir=out_dir / "logs" / "families", expect="eviction", evicting_patch=True,
+                                    candidate_label="the series", say=say, progress=progress)
+    layout = next((r for r in (suite.layout,) if r), None)
+    prop = None
+    try:
+        say("measuring: the property harness")
+        prop = check_mod.property_check(repo, candidate, progress=progress)
+    except PatchError as e:
+        say(f"  property harness not run: {e}")
+    san = None
+    if sanitize:
+        say("measuring: the suite's overflow workloads on an ASan+UBSan build (a cold sanitizer build)")
+        san = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in ("overflow-4", "victim-first")],
+                                   work_dir=out_dir / "logs" / "sanitize", expect="eviction", evicting_patch=True,
+                                   opts=build_mod.Options(sanitize=("address", "undefined")), candidate_label="the series",
+                                   say=say, progress=progress)
+    mutants = json.loads(mutants_json.read_text()) if mutants_json else None
+    if mutants and mutants.get("base") != base:
+        raise UsageError(f"{mutants_json} is a campaign on {str(mutants.get('base'))[:12]}, not on this base "
+                         f"{base[:12]}: run `patchkit mutants` on this base.")
+    subject = commits[-1].summary
+    ctx = {
+        "subject": subject, "base": base, "candidate": candidate, "commits": list(reversed(commits)), "stat": stat,
+        "layout": layout, "suite": suite, "families": families, "prop": prop, "san": san, "mutants": mutants,
+        "table": report_mod.text_table, "repeat": repeat,
+        "cmd_suite": cmd("verify", "--repo", repo_arg, "--base", base[:12], "--candidate", candidate[:12],
+                         "--repeat", str(repeat)),
+        "cmd_families": cmd("verify", "--repo", repo_arg, "--base", base[:12], "--candidate", candidate[:12],
+                            *sum((["--workload", w] for w in FAMILIES), []), "--repeat", str(repeat)),
+        "cmd_property": cmd("check", "--repo", repo_arg, "--ref", candidate[:12], "--property"),
+        "cmd_sanitize": cmd("verify", "--repo", repo_arg, "--base", base[:12], "--candidate", candidate[:12],
+                            "--sanitize", "address,undefined", "--workload", "overflow-4", "--workload", "victim-first"),
+        "cmd_mutants": cmd("mutants", "--repo", repo_arg, "--base", base[:12]),
+    }
+    desc = out_dir / "PR.md"
+    desc.write_text(TEMPLATES.get_template("pr.md.j2").render(**ctx))
+    ok = suite.ok and families.ok and (prop is None or prop.ok) and (san is None or san.ok)
+    return Exported(out_dir, patches, desc, ok)
