@@ -694,3 +694,67 @@ def repro_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, work
     out.write_text(text)
     out.chmod(0o755)
     click.echo(str(out))
+
+
+@cli.command("upstream-tests")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
+@click.option("--base", "base_ref", default=None, help="Base ref (default: the commit a patchkit series was applied on "
+              "when the candidate carries one, else HEAD; the baseline tag on the fetched tree).")
+@click.option("--candidate", "cand_ref", default=None, help="Candidate ref (default: the eviction patch applied to the "
+              "base, in a private work tree).")
+@click.option("--tests", "tests", multiple=True, help="Test files or node ids under tools/server/tests "
+              "(test_tokenize, unit/test_basic.py::test_server_props) or a named subset; repeatable. Default: the "
+              "whole suite." + help_list(["ci"], "Subsets:"))
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20),
+              help="Runs per side; a test whose outcome flips between runs on one binary is flaky, never blamed.")
+@click.option("--text-model", "text_model", default="tiny", show_default=True,
+              type=click.Choice(["tiny", *model_mod.REAL]), help="What serves the text presets (tinyllama2, "
+              "stories15m_moe): the tiny GGUF (with its draft twin for speculative), or a real model from PyPI.")
+@click.option("--timeout", default=120, show_default=True, type=click.IntRange(5, 3600),
+              help="Seconds per test phase (setup, call, teardown) before the test fails.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where upstream.json, the junit files and pytest logs go (default: ./patchkit-upstream).")
+@click.option("--json", "as_json", is_flag=True, help="Print upstream.json to stdout, no progress.")
+def upstream_tests_cmd(repo, base_ref, cand_ref, tests, repeat, text_model, timeout, report_dir, as_json) -> None:
+    """Run llama.cpp's own server tests (tools/server/tests, the candidate's, unedited) against the
+    base and the candidate binaries, offline, and compare the pass sets.
+
+    Presets are served by local models (tiny GGUF, its draft twin, SmolLM2); tests whose preset has
+    no local stand-in (embedding, rerank, vision, infill), that ask for a Hugging Face model
+    themselves, or are marked slow are listed as not run, with the reason. The suite's requirements
+    go in a venv cached by the requirements file's hash.
+
+    Exit 0 when no test that passes on the base fails on the candidate, 1 when one does (named,
+    with its failure message).
+
+    \b
+    Examples:
+      patchkit upstream-tests --tests ci                       # default tree, base vs eviction patch
+      patchkit upstream-tests --repo ~/llama.cpp --base main --candidate my-fix --repeat 2
+      patchkit upstream-tests --repo R --tests test_tokenize --tests unit/test_basic.py::test_server_props
+    """
+    from . import upstream
+    from . import verify as pipeline
+
+    ui = UI(quiet=as_json)
+    r = _repo(repo, ui)
+    if base_ref is None and not repo:
+        base_ref = source.BASELINE_TAG
+    base, why = pipeline.choose_base(r, base_ref, cand_ref)
+    ui.say(f"base {base[:12]}: {why}")
+    with ui.step("prepare candidate"):
+        cand, label, _layout, _src = pipeline.resolve_candidate(r, base, candidate_ref=cand_ref, progress=ui.say)
+    pipeline.refuse_vacuous(r, base, why, cand, label)
+    ui.say(f"candidate {cand[:12]}: {label}")
+    out_dir = (report_dir or Path("patchkit-upstream")).resolve()
+    with ui.step("server tests, base and candidate"):
+        res = upstream.run(r, base, cand, candidate_label=label, tests=tests, repeat=repeat, out_dir=out_dir,
+                           text_model=text_model, timeout=timeout, say=ui.say, progress=ui.progress)
+    path = upstream.write(res, out_dir)
+    if as_json:
+        _emit_json(upstream.to_json(res))
+    else:
+        click.echo(upstream.text_summary(res))
+        click.echo(f"report: {path}")
+        click.echo("PASS" if res.ok else "FAIL")
+    sys.exit(0 if res.ok else 1)

@@ -125,13 +125,23 @@ def _patch(utils) -> None:
         if not all(h in LOOPBACK for h in hosts):
             self.server_host = "127.0.0.1"
         self.server_port = _free_port()
-        return original_start(self, *args, **kwargs)
+        # GCP compat mode listens on AIP_HTTP_PORT (default 8080, the suite's old default port;
+        # D's utils passes it, C2's relied on the coincidence): tell it the port we chose
+        saved = os.environ.get("AIP_HTTP_PORT")
+        os.environ["AIP_HTTP_PORT"] = str(self.server_port)
+        try:
+            return original_start(self, *args, **kwargs)
+        finally:
+            if saved is None:
+                os.environ.pop("AIP_HTTP_PORT", None)
+            else:
+                os.environ["AIP_HTTP_PORT"] = saved
     Process.start = start
 
     original_download = utils.download_file
 
     def download_file(url: str, output_file_path: str | None = None) -> str:
-        local = urls.get(url)
+        local = urls.get(url) or urls.get(url.rsplit("/", 1)[-1])   # by URL, or by file name
         if local:
             return local
         pytest.skip(f"{PREFIX}needs {url.rsplit('/', 1)[-1]} from the network (no local stand-in)",
