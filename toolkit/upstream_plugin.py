@@ -80,7 +80,9 @@ def _patch(utils) -> None:
     Preset, Process = utils.ServerPreset, utils.ServerProcess
 
     def wrap(name, original):
-        conf = presets.get(name) or {"not_run": f"preset {name}: patchkit knows no local stand-in for it"}
+        conf = presets.get(name)
+        if conf is None:
+            conf = {"not_run": f"preset {name}: patchkit knows no local stand-in for it"}
 
         def make():
             server = original()

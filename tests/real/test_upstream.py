@@ -1,0 +1,56 @@
+"""llama.cpp's own server tests (tools/server/tests of the tree, unedited), offline, on layout C2:
+the CI subset passes on both sides of the eviction patch with no regression, and a deliberately
+harmful commit (/tokenize drops the last token when it parses special tokens, the default) is
+named as a regression with the suite's own failure message. Builds: the shared c2_base and
+c2_patched binaries; the harmful commit recompiles one server TU."""
+import git
+
+from toolkit import upstream
+
+from .conftest import commit_on
+
+SERVER = "tools/server/server-context.cpp"
+ANCHOR = "llama_tokens tokens = tokenize_mixed(ctx_server.vocab, body.at(\"content\"), add_special, parse_special);"
+
+
+def _leftovers(res):
+    return [x for r in res.runs for x in r.leftovers]
+
+
+def test_ci_subset_passes_on_both_sides_of_the_eviction_patch(c2, c2_base, c2_patched, tmp_path):
+    repo = git.Repo(c2.path)
+    res = upstream.run(repo, c2.commit, c2_patched.commit, candidate_label="evict-largest-slot", tests=["ci"],
+                       out_dir=tmp_path)
+    c = res.comparison
+    both = set(c.passed_before) & set(c.passed_after)
+    # measured on C2 with the tiny model: tokenize/detokenize, server start, props, models, slots,
+    # aliases, completions (stream vs non-stream, same seed, n_probs ...) pass on both sides
+    assert len(both) >= 8, upstream.text_summary(res)
+    assert c.regressions == (), upstream.text_summary(res)
+    assert c.ok and not c.flaky
+    # every test of the subset that did not run says why, and the subset's servers all stopped
+    assert all(why for _, why in c.not_run)
+    assert _leftovers(res) == []
+    assert [r.side for r in res.runs] == ["base", "candidate"]
+    assert all(r.binary.endswith("llama-server") for r in res.runs)
+    assert (tmp_path / "base" / "junit.xml").exists() and (tmp_path / "candidate" / "junit.xml").exists()
+
+
+def test_a_harmful_commit_is_named_with_its_failure_message(c2, c2_base, tmp_path):
+    repo = git.Repo(c2.path)
+    text = repo.commit(c2.commit).tree[SERVER].data_stream.read().decode()
+    assert text.count(ANCHOR) == 1, "the /tokenize handler moved: update the anchor"
+    broken = text.replace(ANCHOR, ANCHOR + "\n            if (parse_special && !tokens.empty()) {"
+                                           " tokens.pop_back(); }")
+    bad = commit_on(repo, c2.commit, {SERVER: broken}, "server: /tokenize trims the special-token tail")
+    res = upstream.run(repo, c2.commit, bad, candidate_label="harmful", tests=["ci"], out_dir=tmp_path)
+    c = res.comparison
+    regs = {r.id: r.message for r in c.regressions}
+    assert "unit.test_tokenize::test_tokenize_detokenize" in regs, upstream.text_summary(res)
+    # the suite's own assertion, as pytest reported it: the round trip lost the last token (" ?")
+    assert "What is the capital of France" in regs["unit.test_tokenize::test_tokenize_detokenize"]
+    assert not c.ok
+    # the rest of the subset still passes on both sides: only the broken endpoint is blamed
+    assert set(c.passed_before) - set(c.passed_after) == set(regs)
+    assert all(i.startswith("unit.test_tokenize::") for i in regs), regs
+    assert _leftovers(res) == []
