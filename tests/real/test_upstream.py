@@ -1,8 +1,9 @@
 """llama.cpp's own server tests (tools/server/tests of the tree, unedited), offline, on layout C2:
 the CI subset passes on both sides of the eviction patch with no regression, and a deliberately
 harmful commit (/tokenize drops the last token when it parses special tokens, the default) is
-named as a regression, with the suite's own failure message, in exactly the tests that use /tokenize. Builds: the shared c2_base and
-c2_patched binaries; the harmful commit recompiles one server TU."""
+named as a regression, with the suite's own failure message, in exactly the tests that use
+/tokenize. Builds: the shared c2_base and c2_patched binaries; the harmful commit recompiles one
+server TU."""
 import git
 
 from toolkit import upstream
