@@ -55,20 +55,22 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
             progress=log_progress) -> Analysis:
     """Configure (if needed) a private work tree at `commit`, parse the server TU, read the layout."""
     _precheck(repo, commit)
-    ws = build_mod.checkout(repo, commit, opts, progress)
-    rel = patch.find_server_file(ws.src)
-    text = (ws.src / rel).read_bytes()
-    st = patch.state(text.decode(errors="replace"), spec)
-    if st != "clean":
-        return Analysis(commit, rel, st, None, text, ws)
-    try:
-        cmd = ws.compile_command(rel)
-    except PatchError:
-        # stale or broken database: configure once more, then believe it
-        progress("compile_commands.json has no entry for the server TU; re-running CMake")
-        ws = build_mod.checkout(repo, commit, opts, progress, reconfigure=True)
-        cmd = ws.compile_command(rel)
-    return Analysis(commit, rel, st, _facts(ws, rel, cmd, text, progress), text, ws)
+    with build_mod.held(repo, commit, opts, progress) as ws:
+        rel = patch.find_server_file(ws.src)
+        text = (ws.src / rel).read_bytes()
+        st = patch.state(text.decode(errors="replace"), spec)
+        if st != "clean":
+            return Analysis(commit, rel, st, None, text, ws)
+        try:
+            cmd = ws.compile_command(rel)
+        except PatchError:
+            cmd = None
+        if cmd is not None:
+            return Analysis(commit, rel, st, _facts(ws, rel, cmd, text, progress), text, ws)
+    # stale or broken database: configure once more, then believe it
+    progress("compile_commands.json has no entry for the server TU; re-running CMake")
+    with build_mod.held(repo, commit, opts, progress, reconfigure=True) as ws:
+        return Analysis(commit, rel, st, _facts(ws, rel, ws.compile_command(rel), text, progress), text, ws)
 
 
 def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, text: bytes, progress) -> patch.Facts:

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -139,14 +140,25 @@ def adapt(repo: git.Repo, commit: str, opts: Options) -> Options:
     return opts
 
 
-def checkout(repo: git.Repo, commit: str, opts: Options = Options(),
-             progress: ProgressFn = log_progress, reconfigure: bool = False) -> Workspace:
-    """Fill the private work tree with `commit` and make sure CMake has configured it.
-    `reconfigure` re-runs CMake even if it ran before (a stale compile_commands.json)."""
+@contextmanager
+def held(repo: git.Repo, commit: str, opts: Options = Options(), progress: ProgressFn = log_progress,
+         reconfigure: bool = False):
+    """The private work tree filled with `commit` and configured, HELD until the block ends: a
+    reader of its files (the libclang parse, a TU compile) must hold it, or another patchkit
+    process (a second verify, a build beside) can switch it to another commit underneath
+    (measured: a parse that saw the patched file's bytes with the base's AST). `reconfigure`
+    re-runs CMake even if it ran before (a stale compile_commands.json)."""
     opts = adapt(repo, commit, opts)
     root = workspace_root(repo, opts)
     with cache.locked(root.with_suffix(".lock")):
-        return _checkout(repo, root, commit, opts, progress, reconfigure)
+        yield _checkout(repo, root, commit, opts, progress, reconfigure)
+
+
+def checkout(repo: git.Repo, commit: str, opts: Options = Options(),
+             progress: ProgressFn = log_progress, reconfigure: bool = False) -> Workspace:
+    """Fill and configure the work tree, and let go of it: for paths only, never to read files."""
+    with held(repo, commit, opts, progress, reconfigure) as ws:
+        return ws
 
 
 def _checkout(repo: git.Repo, root: Path, commit: str, opts: Options, progress: ProgressFn,

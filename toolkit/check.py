@@ -130,9 +130,12 @@ def static_checks(tu, facts_like: dict) -> list[Check]:
 def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAULT_PATCH,
           opts: build_mod.Options = build_mod.Options(), progress=log_progress, compile: bool = True) -> CheckResult:
     """`compile=False`: the libclang checks only (the mutation campaign builds the TU anyway)."""
-    spec = patch.load_patch(patch_name)
     commit = resolve(repo, ref)
-    ws = build_mod.checkout(repo, commit, opts, progress)
+    with build_mod.held(repo, commit, opts, progress) as ws:  # nobody switches the tree while we read it
+        return _check(repo, commit, ws, patch.load_patch(patch_name), progress, compile)
+
+
+def _check(repo: git.Repo, commit: str, ws, spec, progress, compile: bool) -> CheckResult:
     rel = patch.find_server_file(ws.src)
     path = ws.src / rel
     text = path.read_text(errors="replace")
@@ -204,8 +207,12 @@ def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 200
     driver with the TU's own flags, link it against the tree's own static libraries, run it."""
     spec = patch.load_patch()
     commit = resolve(repo, ref)
-    # the tree's libraries must exist: build (cached per tree content; at worst one TU rebuild)
-    ws = build_mod.build(repo, commit, opts, progress, in_workspace=True).workspace
+    build_mod.build(repo, commit, opts, progress, in_workspace=True)  # the tree's static libraries
+    with build_mod.held(repo, commit, opts, progress) as ws:
+        return _property(repo, commit, ws, spec, iterations, progress)
+
+
+def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress) -> PropertyResult:
     rel = patch.find_server_file(ws.src)
     text = (ws.src / rel).read_text(errors="replace")
     if patch.state(text, spec) != "applied":

@@ -62,10 +62,12 @@ class Overflow:
     expected: tuple[int, ...]     # the policy's choice on these numbers
     margin: int                   # cells between the choice and the runner-up
     uncertainty: int              # summed spreads of the slots compared
+    leaked: int = 0               # cells taken by no slot in play (the pool's accounting does not add up)
 
     @property
     def full(self) -> bool:
-        return 0 <= self.free < self.entries
+        """The pool was full when the step failed, and every taken cell is a slot in play's."""
+        return 0 <= self.free < self.entries and not self.leaked
 
     @property
     def off(self) -> int:
@@ -77,7 +79,9 @@ class Overflow:
     def describe(self) -> str:
         cells = ", ".join(f"{s.slot}:{s.cells}" + (f"±{s.spread}" if s.spread else "") for s in self.in_play)
         return (f"t={self.t:.3f} s: terminated {list(self.terminated)}; in play (slot:cells) {cells}; "
-                f"pool {self.pool}, free {self.free} for {self.entries} entries -> off {self.off}")
+                f"pool {self.pool}, free {self.free} for {self.entries} entries -> off {self.off}"
+                + (f"; {self.leaked} cell(s) taken by no slot in play (pool {self.pool} less the cells in play "
+                   f"leaves {self.free + self.leaked} free, the step failed at off {self.off})" if self.leaked else ""))
 
 
 def _snapshots(samples: tuple[Sample, ...]) -> list[dict[int, Sample]]:
@@ -218,10 +222,12 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
         cells = {x.slot: x.value for x in entries}
         free = run.pool - sum(cells.values())
         off = retries[-1].value if retries else 0  # the last retry names the offset that then failed
-        # an offset that disagrees with the cells means the picture is incomplete (e.g. a prompt in
-        # the batch): report the log's offset and let `full` say the event does not add up
-        if free != off:
-            free = -1 if free > off else free
+        # the offset must equal the pool less the cells in play. More free by the cells than the
+        # offset says: cells taken by no slot in play (a leak: e.g. a terminated slot's entry decoded
+        # after all); fewer: the picture is incomplete (e.g. a prompt in the batch). `full` says no.
+        leaked = max(0, free - off)
+        if free > off:
+            free = off
         slots = [SlotAt(x.slot, outs[x.slot].prompt_tokens, x.value - outs[x.slot].prompt_tokens + 1,
                         x.value + (1 if k < off else 0), k, 0, "server log") for k, x in enumerate(entries)]
         for s_ in group:
@@ -234,7 +240,7 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
         expected, margin, unc = _choose(slots, policy, wl, tasks)
         err_at = outs[group[0]].t_end if group else 0.0
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),
-                               expected, margin, unc))
+                               expected, margin, unc, leaked))
         i = j
     return tuple(events)
 

@@ -186,7 +186,7 @@ PROBE = "overflow-4"
 REAL_SUITE = ["text-overflow-4"]
 # The default suite, in the order that shows the most first.
 SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle",
-         "victim-decoded", "cells-not-prompt", "fits",
+         "victim-decoded", "cells-not-prompt", "two-overflows", "fits",
          "single-slot"]
 
 

@@ -78,6 +78,7 @@ class Expect:
     #              nothing may move, entries below off above all
     #   "prompt-not-largest": the slot holding the most cells is not the one with the longest prompt
     shape: str = ""
+    victims: int = 1                # overflows by design (each with one victim): the sizing's arithmetic
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,14 @@ def test_every_fixture_loads_and_documents_its_sizing(name):
         demand = sum(len(r.prompt) + r.n_predict for r in wl.requests)
         assert demand > wl.server.ctx, "an overflow workload must overflow"
         if wl.expect.victim is not None:
+            # the victims by design: the first as sized, then the largest demands left
             victim = next(r for r in wl.requests if r.slot == wl.expect.victim)
-            rest = demand - len(victim.prompt) - victim.n_predict
-            assert rest <= wl.server.ctx, "survivors must fit once the victim is gone"
+            others = sorted((r for r in wl.requests if r is not victim), key=lambda r: -(len(r.prompt) + r.n_predict))
+            gone = [victim] + others[:wl.expect.victims - 1]
+            rest = demand - sum(len(r.prompt) + r.n_predict for r in gone)
+            assert rest <= wl.server.ctx, "survivors must fit once the victims are gone"
+            if wl.expect.victims > 1:
+                assert demand - len(victim.prompt) - victim.n_predict > wl.server.ctx, "one victim is not enough"
 
 
 def test_fits_fits():
