@@ -33,8 +33,9 @@ EXTRA = ["swa-overflow-4"]
 @dataclass(frozen=True)
 class Kill:
     check: str
-    where: str      # static | property | "<workload> run k"
+    where: str      # static | property | build | "<workload> run k"
     reason: str
+    run: int = 0    # the repetition (1..repeat) of a workload kill; 0: a deterministic one (static, property)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,14 @@ class MutantResult:
     kills: tuple[Kill, ...]
     seconds: float
     note: str = ""
+    repeat: int = 1
+
+    @property
+    def runs_killed(self) -> int:
+        """Of the `repeat` repetitions, how many killed it: a deterministic kill counts for all."""
+        if any(k.run == 0 for k in self.kills):
+            return self.repeat
+        return len({k.run for k in self.kills})
 
     @property
     def by_killer(self) -> bool:
@@ -68,7 +77,7 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
 
     def result(status: str, kills=(), note="") -> MutantResult:
         return MutantResult(name, meta.get("class", ""), meta.get("what", ""), meta.get("killer", ""), layout,
-                            status, tuple(kills), time.monotonic() - t0, note)
+                            status, tuple(kills), time.monotonic() - t0, note, repeat)
 
     cand, _ = apply_mod.candidate_commit(repo, base, patch_name, "largest", name, opts, progress)
     if repo.commit(cand).tree == right_tree:
@@ -93,12 +102,12 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
                                        opts=opts, candidate_label=f"mutant {name}", layout=layout, expect="eviction",
                                        evicting_patch=True, reuse=reuse, say=say, progress=progress)
         except BuildError as e:
-            return result("killed", kills + [Kill("compiles", "build", str(e))])
+            return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
         for wr in res.results:
             for v in wr.verdicts:
                 if v.side != "candidate":
                     continue
-                kills += [Kill(c.name, f"{wr.workload.name} run {v.run_index + 1}", c.detail)
+                kills += [Kill(c.name, f"{wr.workload.name} run {v.run_index + 1}", c.detail, v.run_index + 1)
                           for c in v.checks if c.status == "fail"]
     return result("killed" if kills else "ALIVE", kills)
 
@@ -135,16 +144,17 @@ def score(results: tuple[MutantResult, ...]) -> tuple[int, int]:
 
 
 def table(results: tuple[MutantResult, ...]) -> str:
-    rows = [("mutant", "class", "layout", "status", "killed by (first of each check)")]
+    rows = [("mutant", "class", "layout", "status", "runs", "killed by (first of each check)")]
     for r in results:
         seen: dict[str, Kill] = {}
         for k in r.kills:
             seen.setdefault(k.check, k)
         by = "; ".join(f"{k.check} [{k.where}]" for k in seen.values())
         status = r.status if not (r.killer == "equivalent" and r.status == "ALIVE") else "equivalent (claimed)"
-        rows.append((r.name, r.cls, r.layout, status, by or r.note or "-"))
-    w = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(x.ljust(w[i]) for i, x in enumerate(row[:4])) + "  " + row[4] for row in rows]
+        runs = f"{r.runs_killed}/{r.repeat}" if r.status != "not-applicable" else "-"
+        rows.append((r.name, r.cls, r.layout, status, runs, by or r.note or "-"))
+    w = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(x.ljust(w[i]) for i, x in enumerate(row[:5])) + "  " + row[5] for row in rows]
     killed, judged = score(results)
     lines.append(f"mutation score: {killed}/{judged} killed"
                  + (f" ({100 * killed / judged:.0f} %)" if judged else ""))

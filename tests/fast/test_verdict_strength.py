@@ -129,3 +129,23 @@ def test_a_mutant_with_an_unknown_switch_is_refused(tmp_path):
             p.load_patch("x")
     finally:
         p.PATCHES_DIR = old
+
+
+def test_campaign_score_and_runs_killed():
+    from toolkit.mutate import Kill, MutantResult, score, table
+
+    def m(name, status, kills=(), killer="victim-is-largest", repeat=3):
+        return MutantResult(name, "victim choice", "", killer, "C2", status, tuple(kills), 1.0, "", repeat)
+    res = (
+        m("a", "killed", [Kill("victim-is-largest", "overflow-4 run 1", "x", 1),
+                          Kill("victim-is-largest", "overflow-4 run 3", "x", 3)]),
+        m("b", "killed", [Kill("property", "property", "FAIL", 0)]),
+        m("c", "ALIVE"),
+        m("d", "ALIVE", killer="equivalent"),
+        m("e", "not-applicable"),
+    )
+    assert [r.runs_killed for r in res[:3]] == [2, 3, 0]
+    assert score(res) == (2, 3)   # the equivalent claim and the inapplicable one are not judged
+    t = table(res)
+    assert "mutation score: 2/3 killed (67 %)" in t
+    assert "equivalent (claimed)" in t and "2/3" in t
