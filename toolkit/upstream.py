@@ -203,10 +203,12 @@ class Result:
 # ------------------------------------------------------------------ junit -> outcomes (pure)
 
 def _message(el: ET.Element) -> str:
+    """The record's message attribute; else the traceback's `E ` lines; else its last line."""
     msg = (el.get("message") or "").strip()
-    if not msg:
-        lines = [ln[1:].strip() for ln in (el.text or "").splitlines() if ln.startswith("E ")]
-        msg = " / ".join(lines[:3]) or (el.text or "").strip().splitlines()[-1:][0] if (el.text or "").strip() else ""
+    text = (el.text or "").strip()
+    if not msg and text:
+        lines = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+        msg = " / ".join(lines[:3]) or text.splitlines()[-1]
     return " ".join(msg.split())[:600]
 
 
@@ -315,8 +317,8 @@ def venv(requirements: bytes, progress: Callable[[str], None] = log_progress) ->
         res = proc.stream([str(tmp / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
                            "--no-input", "-r", str(tmp / "requirements.txt")],
                           log_path=base / f"{key}.pip.log", timeout=1800,
-                          on_line=lambda ln: progress("  " + ln.strip()) if ln.startswith(("Collecting", "Successfully"))
-                          else None)
+                          on_line=lambda ln: progress("  " + ln.split(" (from ")[0].strip())
+                          if ln.startswith(("Collecting", "Successfully")) else None)
         if res.rc != 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tail = "\n  ".join(res.out.strip().splitlines()[-5:])
@@ -567,8 +569,11 @@ def text_summary(res: Result) -> str:
              f"text model {res.text_model})",
              f"  base {res.base[:12]} vs candidate {res.candidate[:12]}"
              + (f" ({res.candidate_label})" if res.candidate_label else "")]
+    seen: dict[str, int] = {}
     for r in res.runs:
-        lines.append(f"  {r.side:9s} {r.count('passed'):4d} passed {r.count('failed') + r.count('error'):4d} failed "
+        seen[r.side] = seen.get(r.side, 0) + 1
+        label = r.side if len(res.runs) == 2 else f"{r.side} #{seen[r.side]}"
+        lines.append(f"  {label:12s} {r.count('passed'):4d} passed {r.count('failed') + r.count('error'):4d} failed "
                      f"{r.count('skipped'):4d} not run  {r.seconds:6.0f} s  pytest exit {r.rc}"
                      + (f"  LEFTOVER SERVERS: {'; '.join(r.leftovers)}" if r.leftovers else "")
                      + (f"  (killed after the run: {'; '.join(r.strays)})" if r.strays else ""))
