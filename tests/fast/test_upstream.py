@@ -278,3 +278,23 @@ def test_plugin_on_a_fake_suite(tmp_path):
     assert got["test_slow"].message.startswith("patchkit: not run: marked slow")
     assert "per-test timeout: the test's call ran longer than 2 s" in got["test_hangs"].message
     assert json.loads((tmp_path / "left.json").read_text()) == []
+
+
+def test_report_names_the_regression_with_its_message():
+    before = (_o("a", "passed"), _o("b", "passed"), _o("e", "skipped", "patchkit: not run: vision preset"))
+    after = (_o("a", "passed"), _o("b", "failed", "assert 'What is' == 'What is ?'"),
+             _o("e", "skipped", "patchkit: not run: vision preset"))
+    runs = tuple(upstream.SideRun(side, "c" * 40, "/bin/llama-server", outs, 5.0, 1, "j.xml", "p.log", ())
+                 for side, outs in (("base", before), ("candidate", after)))
+    res = upstream.Result("/r", "a" * 40, "b" * 40, "harmful", "b" * 40, ("unit/test_tokenize.py",), "tiny", (),
+                          "/venv", runs, upstream.compare([before], [after]), asked=("ci",))
+    data = upstream.to_json(res)
+    assert data["ok"] is False and data["tests"] == ["ci"]
+    assert data["counts"] == {"run": 2, "passed_before": 2, "passed_after": 1, "regressions": 1, "gained": 0,
+                              "not_judged": 0, "not_run": 1, "flaky": 0}
+    assert data["regressions"] == [{"id": "b", "message": "assert 'What is' == 'What is ?'"}]
+    assert data["not_run_reasons"] == {"vision preset": 1}
+    text = upstream.text_summary(res)
+    assert "REGRESSION: b: assert 'What is' == 'What is ?'" in text
+    assert "not run (1): vision preset" in text
+    json.dumps(data)  # serialisable as written to upstream.json
