@@ -11,13 +11,18 @@ candidate binary (env LLAMA_SERVER_BIN_PATH), and compare the pass sets:
     skipped (no local model, slow ...)  not run, with the reason
     flips between runs on one binary    flaky (--repeat N), never blamed
 
-Why a pytest plugin and not a filled LLAMA_CACHE: the plugin (`toolkit/upstream_plugin.py`)
-depends only on the tests' Python API (`ServerPreset.<preset>()` returning a `ServerProcess` with
-`model_hf_repo` / `model_file`), which is the same in C2 and D; a LLAMA_CACHE in Hugging Face
-layout depends on the binary's downloader (its cache layout and manifest files changed between
-llama.cpp versions, and the offline binaries here are built with LLAMA_CURL=OFF), i.e. on the very
-code under test, and would have to fake manifests for repos named without a file (`ggml-org/
-test-model-stories260K`). The plugin also gives each test without a stand-in its own reason.
+Why a pytest plugin and not a filled LLAMA_CACHE: both C2 and D read a Hugging Face cache layout
+(common/hf-cache.cpp: models--ORG--REPO/refs, snapshots/COMMIT/FILE), but which file a preset
+gets offline is decided by the tree's own downloader (a repo named without a file,
+`ggml-org/test-model-stories260K`, or by a quant tag, `tinygemma3-GGUF:Q8_0`; common/download.cpp
+differs by ~100 lines between C2 and D, and hf-cache.cpp's environment lookup changed): code that
+is part of what is under test, so a candidate touching it would change what the tests serve. The
+plugin depends only on the tests' Python API (`ServerPreset.<preset>()` returning a
+`ServerProcess` whose `model_hf_repo` / `model_file` / `start()` it adjusts), identical in C2 and
+D (their utils.py differ in port/host handling, two speculative options and one preset's
+n_batch). It also tells "not run, because" (no stand-in) from "failed on both sides" per test, which
+a faked cache cannot (a missing model fails the test), and the ports, loopback binding, per-test
+timeout and leftover check need a plugin anyway.
 
 Subprocesses only through `proc`; the suite's servers are children of pytest (same process
 group); each carries the run's marker PATCHKIT_UPSTREAM_RUN in its environment, so leftovers are
