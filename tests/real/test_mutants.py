@@ -1,0 +1,83 @@
+"""Issue 17: every check can kill. Each mutant of the catalog (patch.toml: one structural switch of
+the patch flipped) is built on the default tree (one TU on the shared base build) and judged by
+the workload made to expose it; the test asserts WHICH check killed it and for WHAT reason. The
+whole catalog runs in `patchkit mutants` (README: the mutation table); this is the sample that
+proves each kind of check fails when it should."""
+import re
+
+import git
+import pytest
+
+from toolkit import apply, build, mutate, patch, source, workload
+
+
+def kill(c2, tmp_path, name, wl, judges=("suite",)):
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    right, an = apply.candidate_commit(repo, base)
+    res = mutate.run_mutant(repo, base, name, mutate.catalog()[name], [workload.load(wl)] if wl else [], repeat=1,
+                            right_tree=repo.commit(right).tree, layout=an.facts.layout, opts=build.Options(),
+                            out_dir=tmp_path, reuse={}, say=lambda s: None, progress=lambda s: None,
+                            judges=judges)
+    assert res.status == "killed", (name, res)
+    return {k.check: k.reason for k in res.kills}
+
+
+def test_victim_chosen_by_prompt_length_is_caught_where_cells_and_prompts_disagree(c2, c2_base, tmp_path):
+    k = kill(c2, tmp_path, "victim-by-prompt", "cells-not-prompt")
+    m = re.search(r"terminated \[(\d)\], measured largest: \[(\d)\]", k["victim-is-largest"])
+    assert m, k
+    # the slot with the longest prompt (70 tokens: slot 3) went, while a short-prompt slot held the most
+    assert m[1] == "3" and m[2] != "3", k["victim-is-largest"]
+
+
+def test_victim_chosen_by_tokens_generated_is_caught(c2, c2_base, tmp_path):
+    k = kill(c2, tmp_path, "victim-by-generated", "overflow-4")
+    # released together every slot generated as much: the first in play went, not the largest (slot 3)
+    assert re.search(r"terminated \[0\], measured largest: \[3\]", k["victim-is-largest"]), k
+
+
+def test_a_victim_entry_left_in_the_batch_shows_in_the_pools_accounting(c2, c2_base, tmp_path):
+    """The review's 'nothing requires the batch surgery': the kept entry is decoded into a freed
+    pool, one cell taken by no slot in play; two-overflows' second overflow does not add up."""
+    k = kill(c2, tmp_path, "entries-kept", "two-overflows")
+    assert re.search(r"WRONG .*1 cell\(s\) taken by no slot in play", k["one-victim-per-overflow"]), k
+
+
+def test_two_victims_in_one_step_are_caught(c2, c2_base, tmp_path):
+    k = kill(c2, tmp_path, "two-victims", "overflow-4")
+    assert re.search(r"WRONG t=[\d.]+ s: terminated \[\d, \d\]", k["one-victim-per-overflow"]), k
+
+
+def test_survivors_that_skip_a_sample_are_caught_from_upstreams_log(c2, c2_base, tmp_path):
+    k = kill(c2, tmp_path, "survivors-reset", "overflow-4")
+    assert "(the previous token again: a step without a sample)" in k["one-sample-per-entry"], k
+
+
+def test_decoded_entries_moved_are_caught_where_the_victim_was_decoded_first(c2, c2_base, tmp_path):
+    """victim-decoded fails at off 3 by arithmetic, the victim's entry (position 0) decoded: removing
+    from the whole batch pulls a survivor's undecoded entry below off, where it is never decoded."""
+    k = kill(c2, tmp_path, "remove-from-zero", "victim-decoded")
+    assert re.search(r"slot \d: \d+ tokens decoded for \d+ sampled|decode #\d+ entered token",
+                     k.get("one-sample-per-entry", "")), k
+
+
+@pytest.mark.parametrize("name,check", [("spec-not-remapped", "spec-indices-remapped"),
+                                        ("embd-not-compacted", "embd-compacted")])
+def test_presence_checks_catch_a_missing_piece_without_a_build(c2, tmp_path, name, check):
+    """Speculative batches never reach the handler (measured: speculative.toml), so only the
+    presence check on the patched TU (libclang) sees a spec_i_batch left out of the shift."""
+    k = kill(c2, tmp_path, name, None, judges=("static",))
+    assert k[check].startswith("absent:"), k
+
+
+def test_every_mutant_differs_from_the_right_patch_on_the_default_tree(c2, tmp_path):
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    right, _ = apply.candidate_commit(repo, base)
+    text = repo.git.show(f"{right}:tools/server/server-context.cpp")
+    assert "patchkit" not in text.lower()
+    for name in mutate.catalog():
+        sha, _ = apply.candidate_commit(repo, base, variant=name)
+        assert repo.commit(sha).tree != repo.commit(right).tree, name
+        assert patch.state(repo.git.show(f"{sha}:tools/server/server-context.cpp"), patch.load_patch()) == "applied"
