@@ -27,7 +27,7 @@ from .workload import Workload
 
 # Workloads the campaign adds to the default suite: each separates what a wrong patch could
 # confuse (docs/DESIGN.md, "Verdict strength").
-EXTRA = ["swa-overflow-4"]
+EXTRA = ["swa-overflow-4", "hybrid-overflow-4"]
 
 
 @dataclass(frozen=True)
