@@ -212,8 +212,11 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
               "healthy (any other change). auto: eviction for patchkit's patch or a candidate that measurably "
               "evicts, else no-regression; the report says which applied and why.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout, no progress.")
+@click.option("--upstream-tests", "upstream_tests", multiple=True, help="Also run llama.cpp's own server tests "
+              "(tools/server/tests) on both sides, offline: a subset name (`ci`), a file or a test id; repeatable. "
+              "A test that passes on the base and fails on the candidate fails the verdict (see upstream-tests).")
 def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, policy, variant, baseline_only,
-               workloads, repeat, report_dir, sanitize, model_name, expect, as_json) -> None:
+               workloads, repeat, report_dir, sanitize, model_name, expect, as_json, upstream_tests) -> None:
     """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
     Exit 0 when every expectation holds, 1 when one fails (report says which).
@@ -246,13 +249,26 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
                           variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
                           opts=_build_options(sanitize, None), model_name=model_name, expect=expect)
     paths = report.write(res, out_dir)
+    up = None
+    if upstream_tests and res.candidate_commit:
+        from . import upstream
+        with ui.step("upstream server tests, base vs candidate"):
+            up = upstream.run(r, res.base_commit, res.candidate_commit, candidate_label=res.candidate_label,
+                              tests=upstream_tests, repeat=1, out_dir=out_dir / "upstream", say=ui.say,
+                              progress=ui.progress, opts=_build_options(sanitize, None))
+        upstream.write(up, out_dir / "upstream")
+    ok = res.ok and (up is None or up.ok)
     if as_json:
-        _emit_json(report.to_json(res))
+        _emit_json({**report.to_json(res), "ok": ok,
+                    "upstream": upstream.to_json(up) if up else None})
     else:
         click.echo(report.text_table(res))
-        click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}")
-        click.echo("PASS" if res.ok else "FAIL")
-    sys.exit(0 if res.ok else 1)
+        if up:
+            click.echo(upstream.text_summary(up))
+        click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}"
+                   + (f" {out_dir / 'upstream' / 'upstream.json'}" if up else ""))
+        click.echo("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
 
 
 @cli.command("mutants")
