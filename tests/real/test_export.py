@@ -1,0 +1,50 @@
+"""Issue 18: the series a maintainer takes. `export` writes format-patch files and a PR description
+of figures measured in the run; `git am` of the export onto a fresh tree of C2 and D applies, and
+the result builds and passes; the patched server carries no tool name."""
+import re
+import subprocess
+
+import git
+import pytest
+
+from toolkit import apply, export, patch, source, verify, workload
+from toolkit.ui import UI
+
+from .conftest import clone
+
+
+@pytest.mark.parametrize("version", ["0.3.35", "0.3.36"], ids=["C2", "D"])
+def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, version):
+    tree = trees(version)
+    repo = git.Repo(tree.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    cand, an = apply.candidate_commit(repo, base)
+    text = repo.git.show(f"{cand}:{an.file}")
+    assert text.lower().count("patchkit") == 0          # no tool names in the C++
+    assert "TODO: try to terminate only the largest" not in text  # upstream's TODO, resolved
+
+    res = export.export(repo, base, cand, tmp_path / "pr", repo_arg=str(tree.path), mutants_json=None,
+                        sanitize=False, repeat=1, say=lambda s: None, progress=lambda s: None)
+    assert res.ok and len(res.patches) == 1
+    body = res.patches[0].read_text()
+    assert body.startswith("From ") and "Subject: [PATCH] server: on KV-cache exhaustion terminate one slot" in body
+    assert "Patchkit-" not in body, "patchkit's bookkeeping trailers are not the maintainer's"
+    pr = res.description.read_text()
+    # every figure is one measured in this run, with the command that reproduces it
+    assert "### Before / after: the default suite (1 run per side): PASS" in pr
+    assert re.search(r"driven over 20000 random batches: passed \(ok 20000 batches \(\d+ in embd mode\)", pr), pr
+    assert "Not measured in this run (pass `--mutants`" in pr and "Not measured in this run (pass `--sanitize`" in pr
+    for name in verify.SUITE:
+        assert re.search(rf"^{re.escape(name)}: ok", pr, re.M), name
+    assert pr.count("Reproduce: `patchkit ") == 3
+
+    fresh = clone(tree, tmp_path / "fresh")
+    subprocess.run(["git", "-C", str(tmp_path / "fresh"), "am", "-q", str(res.patches[0])], check=True)
+    applied = fresh.head.commit
+    assert applied.tree.hexsha == repo.commit(cand).tree.hexsha, "the export is the series, byte for byte"
+    assert patch.state((tmp_path / "fresh" / an.file).read_text(), patch.load_patch()) == "applied"
+    r = verify.verify(fresh, base_ref=base, candidate_ref="HEAD",
+                      workloads=[workload.load(w) for w in ("victim-first", "two-overflows")],
+                      out_dir=tmp_path / "v", ui=UI(quiet=True))
+    assert r.ok, [(v.workload, c.name, c.detail) for w in r.results for v in w.verdicts for c in v.checks
+                  if c.status == "fail"]
