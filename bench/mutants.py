@@ -8,7 +8,8 @@ Measures, on one tree (default: the fetched C2 tree), one after the other:
   - one suite run of the right patch (`verify`'s default suite, base + candidate + controls);
   - the campaign (`patchkit mutants`), per mutant (base runs and controls made once, shared).
 With --hogs N, N `yes > /dev/null` processes run beside it (a busy machine) and are stopped by
-their PIDs at the end.
+their PIDs at the end. Cold per mutant: the mutants' stored binaries are set aside first and
+ccache is off (CCACHE_DISABLE), so each mutant pays its TU compile, as on a first campaign.
 """
 from __future__ import annotations
 
@@ -43,6 +44,15 @@ def main() -> None:
 
     repo = git.Repo(a.repo) if a.repo else git.Repo(source.fetch().path)
     base = source.resolve(repo, None if a.repo else source.BASELINE_TAG)
+    import os
+    import shutil
+
+    from toolkit import build
+    os.environ["CCACHE_DISABLE"] = "1"
+    names = a.mutant or list(mutate.catalog())
+    for n in names:  # each mutant's binary is built again: a first campaign's cost
+        sha, _ = apply.candidate_commit(repo, base, variant=n)
+        shutil.rmtree(build.binary_store(repo.commit(sha).tree.hexsha, build.Options()), ignore_errors=True)
     hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(a.hogs)]
     try:
         cand, _ = apply.candidate_commit(repo, base)
@@ -52,7 +62,6 @@ def main() -> None:
             res, t_suite = timed(lambda: verify.run_suite(repo, base, cand, wls, work_dir=Path(tmp) / "suite",
                                                           expect="eviction", evicting_patch=True,
                                                           say=lambda s: None))
-            names = a.mutant or list(mutate.catalog())
             out, t_all = timed(lambda: mutate.campaign(repo, base, names, wls, out_dir=Path(tmp) / "m",
                                                        say=lambda s: None))
     finally:

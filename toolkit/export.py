@@ -17,8 +17,10 @@ from pathlib import Path
 import git
 import jinja2
 
+from . import apply as apply_mod
 from . import build as build_mod
 from . import check as check_mod
+from . import patch as patch_mod
 from . import report as report_mod
 from . import verify as verify_mod
 from .errors import PatchError, UsageError
@@ -66,7 +68,8 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
     families = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in FAMILIES], repeat=repeat,
                                     work_dir=out_dir / "logs" / "families", expect="eviction", evicting_patch=True,
                                     candidate_label="the series", say=say, progress=progress)
-    layout = next((r for r in (suite.layout,) if r), None)
+    an = apply_mod.analyze(repo, base, patch_mod.load_patch(), progress=progress)  # facts cached: no parse again
+    layout = an.facts.layout if an.facts else None
     prop = None
     try:
         say("measuring: the property harness")

@@ -37,6 +37,7 @@ def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, v
     for name in verify.SUITE:
         assert re.search(rf"^{re.escape(name)}: ok", pr, re.M), name
     assert pr.count("Reproduce: `patchkit ") == 3
+    assert f", layout {an.facts.layout}," in pr
 
     fresh = clone(tree, tmp_path / "fresh")
     subprocess.run(["git", "-C", str(tmp_path / "fresh"), "am", "-q", str(res.patches[0])], check=True)
