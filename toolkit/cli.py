@@ -571,6 +571,9 @@ def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> Non
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
 @click.option("--sanitize", default=None, help="Build both nightlies with address,undefined.")
 @click.option("--shard", default="", help="This job's name in the matrix (recorded in gate.json).")
+@click.option("--upstream-tests", "upstream_tests", default="", help="Also run llama.cpp's own server tests on both "
+              "nightlies (comma-separated subsets, files or test ids, e.g. `ci`); with --plan: one more shard for "
+              "them. `--workload none` runs no workload (that shard).")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the job matrix (JSON) and exit: one shard per "
               "workload x repeat (+ one sanitizer shard with --sanitize).")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-gate"),
@@ -579,7 +582,7 @@ def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> Non
               help="Append the Markdown summary here (default: $GITHUB_STEP_SUMMARY).")
 @click.option("--json", "as_json", is_flag=True, help="Print gate.json to stdout.")
 def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, workloads, repeat, sanitize, shard,
-           plan_only, report_dir, summary, as_json) -> None:
+           upstream_tests, plan_only, report_dir, summary, as_json) -> None:
     """The pin gate: judge a pr-set.json change by the nightlies before and after it.
 
     Before = base + every pin of the old pr-set.json, after = base + every pin of the new one,
@@ -613,11 +616,15 @@ def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, w
     new = mix.with_pins(old, [mix.parse_url(u, allowed) for u in urls]) if urls else mix.parse(
         new_text, allowed, where=str(pr_set))
     wl_names = [w for arg in workloads for w in arg.split(",") if w] or None
+    if wl_names == [gate.NO_WORKLOADS]:
+        wl_names = []
     for w in wl_names or []:
         workload.load(w)
+    up_tests = tuple(t for t in upstream_tests.split(",") if t)
     if plan_only:
         _emit_json(gate.plan(base=base_ref, old_text=old_text, new_text=new_text or json.dumps(urls),
-                             workloads=wl_names, repeat=repeat, sanitize=sanitize, entries=old + new))
+                             workloads=wl_names, repeat=repeat, sanitize=sanitize, entries=old + new,
+                             upstream_tests=up_tests))
         return
     if not repo:
         raise UsageError("--repo is required (a llama.cpp checkout with the pinned commits fetched).")
@@ -626,7 +633,7 @@ def ci_cmd(repo, base_ref, pr_set, old_pr_set, urls, pr_state, owners, expect, w
     base = source.resolve(r, base_ref)
     g = gate.gate(r, base=base, old=old, new=new, out_dir=report_dir.resolve(), ui=ui,
                   states=mix.load_states(pr_state), workloads=wl_names, repeat=repeat, expect=expect,
-                  opts=_build_options(sanitize, None))
+                  opts=_build_options(sanitize, None), upstream_tests=up_tests)
     _gate_out(gate.to_json(g, shard), report_dir.resolve(), summary, as_json)
 
 

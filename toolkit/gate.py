@@ -52,10 +52,12 @@ class GateResult:
     report_dir: Path
     sanitize: tuple[str, ...] = ()
     builds: bool = True                  # False: the after nightly does not compile
+    upstream: dict | None = None         # llama.cpp's own server tests, before vs after (upstream.to_json)
 
     @property
     def ok(self) -> bool:
-        return self.after.ok and self.builds and (self.result is None or self.result.ok)
+        return (self.after.ok and self.builds and (self.result is None or self.result.ok)
+                and (self.upstream is None or self.upstream["ok"]))
 
 
 def failed_checks(res: pipeline.Result) -> list[str]:
@@ -89,7 +91,11 @@ def _unbuildable(repo: git.Repo, after: Mix, merged: list[Entry], opts, ui) -> t
 
 def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_dir: Path, ui,
          states: dict[str, mix_mod.PrState] | None = None, workloads: list[str] | None = None, repeat: int = 1,
-         expect: str = "auto", opts: build_mod.Options = build_mod.Options()) -> GateResult:
+         expect: str = "auto", opts: build_mod.Options = build_mod.Options(),
+         upstream_tests: tuple[str, ...] = ()) -> GateResult:
+    """`workloads`: None = the suite, [] = none (a shard of upstream's tests only).
+    `upstream_tests`: also run llama.cpp's own server tests (upstream.py) on both nightlies; a
+    test passing before and failing after fails the gate, and names the pin that breaks it."""
     ui.say("==> nightly mixes")
     before = mix_mod.build_mix(repo, base, old, states, ui.say)
     if not before.ok:
@@ -107,7 +113,7 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
     if repo.commit(before.commit).tree == repo.commit(after.commit).tree:
         return GateResult(result=None, blame=(), culprits=(), note="the after mix has the same tree as the "
                           "before mix: nothing to build or run", **kw)
-    wls = [workload.load(w) for w in (workloads or pipeline.SUITE)]
+    wls = [workload.load(w) for w in (pipeline.SUITE if workloads is None else workloads)]
     merged = [e for e in changed if any(s.entry == e and s.action == "merged" for s in after.steps)]
     with ui.step("build the nightlies"):
         try:
@@ -119,6 +125,10 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
         entry, why = broken
         return GateResult(result=None, blame=(), culprits=(entry,) if entry else (),
                           note=f"the after nightly does not build: {why}", **kw, builds=False)
+    up = _upstream(repo, before, after, merged, upstream_tests, repeat, out_dir, opts, ui) if upstream_tests else None
+    if not wls:
+        culprits = tuple(up[1]) if up else ()
+        return GateResult(result=None, blame=(), culprits=culprits, note="", upstream=up[0] if up else None, **kw)
     with ui.step("before vs after"):
         res = pipeline.run_suite(repo, before.commit, after.commit, wls, repeat=repeat, work_dir=out_dir / "logs",
                                  opts=opts, candidate_label=f"after: {after.describe()}",
@@ -144,13 +154,46 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
             if not r.ok:
                 culprits = (e,)
                 break
+    if up and not up[0]["ok"] and not culprits:
+        culprits = tuple(up[1])
     note = ""
     if not res.ok and not culprits:
         removed = [e.name for e in old if e.pin.url not in {n.pin.url for n in new}]
         note = ("no single added or moved pin fails against the mix before it: the failure needs the pins "
                 "together" if merged else "no pin was added or moved: the change removes or reorders pins"
                 + (f" (removed: {', '.join(removed)})" if removed else ""))
-    return GateResult(result=res, blame=tuple(blame), culprits=culprits, note=note, **kw)
+    return GateResult(result=res, blame=tuple(blame), culprits=culprits, note=note, upstream=up[0] if up else None,
+                      **kw)
+
+
+def _upstream(repo, before: Mix, after: Mix, merged: list[Entry], tests, repeat: int, out_dir: Path, opts,
+              ui) -> tuple[dict, list[Entry]]:
+    """Upstream's server tests, the before nightly vs the after one: (upstream.json, culprits).
+    With several added pins, each regressed test is run again on the mix up to each pin against
+    the mix before it, and the first pin where one regresses is named."""
+    from . import upstream
+
+    with ui.step("llama.cpp server tests: before vs after"):
+        r = upstream.run(repo, before.commit, after.commit, candidate_label=f"after: {after.describe()}",
+                         tests=tests, repeat=repeat, out_dir=out_dir / "upstream", opts=opts, say=ui.say,
+                         progress=ui.progress)
+    upstream.write(r, out_dir / "upstream")
+    data = upstream.to_json(r)
+    if r.ok or not merged:
+        return data, []
+    if len(merged) == 1:
+        return data, merged
+    # junit ids (unit.test_tokenize::name) as pytest node ids (unit/test_tokenize.py::name)
+    ids = [mod.replace(".", "/") + ".py::" + name for mod, _, name in
+           (x.id.partition("::") for x in r.comparison.regressions)]
+    for e in merged:
+        prev, upto = _prefix(after, e)
+        with ui.step(f"attribution (server tests): the mix up to {e.name} vs the mix before it"):
+            a = upstream.run(repo, prev, upto, tests=ids, repeat=repeat, opts=opts, say=ui.say, progress=ui.progress,
+                             out_dir=out_dir / "upstream" / f"attribution-{e.pin.owner}-{e.pin.pr}")
+        if not a.ok:
+            return data, [e]
+    return data, []
 
 
 # ---------------------------------------------------------------- gate.json: what shards share
@@ -183,7 +226,7 @@ def to_json(g: GateResult, shard: str = "") -> dict:
         "expect": res.expect if res else None, "expect_why": res.expect_why if res else None,
         "culprits": [{"pin": e.name, "url": e.pin.url} for e in g.culprits],
         "blame": [{"pin": b.entry.name, "ok": b.ok, "failed": list(b.failed)} for b in g.blame],
-        "note": g.note, "workloads": workloads,
+        "note": g.note, "workloads": workloads, "upstream": g.upstream,
     }
 
 
@@ -218,6 +261,8 @@ def merge(datas: list[dict]) -> dict:
             for k in ("before", "after", "failed"):
                 m[k] += w[k]
     out["workloads"] = wls
+    ups = [d["upstream"] for d in datas if d.get("upstream")]
+    out["upstream"] = ups[0] if len(ups) == 1 else ({"ok": all(u["ok"] for u in ups), "shards": ups} if ups else None)
     return out
 
 
@@ -246,6 +291,16 @@ def summary_md(d: dict) -> str:
             if s["note"]:
                 lines.append(f"- warning ({m}): {s['pin']}: {s['note']}")
     lines.append(f"- shards: {', '.join(d['shards'])}")
+    for u in ([d["upstream"]] if d.get("upstream") and "counts" in d["upstream"] else
+              (d.get("upstream") or {}).get("shards", [])):
+        c = u["counts"]
+        lines.append(f"- **llama.cpp server tests** ({', '.join(u['tests'])}): {'PASS' if u['ok'] else 'FAIL'}; "
+                     f"run {c['run']}, passed before {c['passed_before']}, passed after {c['passed_after']}, "
+                     f"regressions {c['regressions']}, gained {c['gained']}, flaky {c['flaky']}, not run "
+                     f"{c['not_run']}" + (" (" + "; ".join(f"{n} {why}" for why, n in u["not_run_reasons"].items())
+                                          + ")" if u["not_run_reasons"] else ""))
+        for r in u["regressions"]:
+            lines.append(f"  - REGRESSION {r['id']}: {r['message'][:300]}")
     for b in d["blame"]:
         lines.append(f"- attribution: mix up to {b['pin']} vs before it: {'ok' if b['ok'] else 'FAIL'}"
                      + (f" ({b['failed'][0]})" if b["failed"] else ""))
@@ -278,16 +333,23 @@ def write(data: dict, out_dir: Path) -> Path:
 
 # ---------------------------------------------------------------- the job matrix
 
+# The `--workload` of a shard that runs no workload (the upstream-tests shard).
+NO_WORKLOADS = "none"
+
+
 def plan(*, base: str, old_text: str | None, new_text: str, workloads: list[str] | None, repeat: int,
-         sanitize: str | None, entries: list[Entry] = ()) -> dict:
+         sanitize: str | None, entries: list[Entry] = (), upstream_tests: tuple[str, ...] = ()) -> dict:
     """A GitHub Actions matrix: one shard per workload x repeat, plus one sanitizer shard.
     `key` names the mix (base + both pr-sets) for the caches; `pins` (old and new, validated)
     are what the jobs fetch."""
     key = hashlib.sha256(json.dumps([base, old_text or "", new_text]).encode()).hexdigest()[:16]
-    include = [{"name": f"{w} #{k + 1}", "workloads": w, "sanitize": ""}
+    include = [{"name": f"{w} #{k + 1}", "workloads": w, "sanitize": "", "upstream": ""}
                for w in (workloads or pipeline.SUITE) for k in range(repeat)]
     if sanitize:
         include.append({"name": f"sanitize {sanitize}", "workloads": ",".join(workloads or pipeline.SUITE),
-                        "sanitize": sanitize})
+                        "sanitize": sanitize, "upstream": ""})
+    if upstream_tests:  # llama.cpp's own server tests: one shard, no workloads
+        include.append({"name": f"upstream tests {','.join(upstream_tests)}", "workloads": NO_WORKLOADS,
+                        "sanitize": "", "upstream": ",".join(upstream_tests)})
     pins = {e.pin.url: {"owner": e.pin.owner, "pr": e.pin.pr, "sha": e.pin.sha} for e in entries}
     return {"key": key, "include": include, "pins": list(pins.values())}

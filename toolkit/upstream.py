@@ -63,6 +63,7 @@ SIDE_TIMEOUT = 4 * 3600      # backstop for one whole pytest run
 # endpoints, tokenize/detokenize, and completions whose assertions do not depend on the model's
 # prose, chosen near what a slot/KV patch touches: parallel slots, the unified KV cache, cancel.
 SUBSETS: dict[str, tuple[str, ...]] = {
+    "all": (),   # the whole suite (every offline-runnable test; the others are listed as not run)
     "ci": (
         "unit/test_tokenize.py",
         "unit/test_basic.py::test_server_start_simple",

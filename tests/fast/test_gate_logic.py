@@ -86,7 +86,12 @@ def test_plan_is_one_shard_per_workload_and_repeat():
     assert [m["name"] for m in p["include"]] == ["overflow-4 #1", "overflow-4 #2", "fits #1", "fits #2",
                                                   "sanitize address,undefined"]
     assert p["include"][-1] == {"name": "sanitize address,undefined", "workloads": "overflow-4,fits",
-                                "sanitize": "address,undefined"}
+                                "sanitize": "address,undefined", "upstream": ""}
+    # upstream's server tests: one more shard, which runs no workload
+    u = gate.plan(base="b1", old_text=None, new_text='{"prs": []}', workloads=["overflow-4"], repeat=1,
+                  sanitize=None, upstream_tests=("ci",))
+    assert u["include"][-1] == {"name": "upstream tests ci", "workloads": gate.NO_WORKLOADS, "sanitize": "",
+                                "upstream": "ci"}
     assert p["key"] != gate.plan(base="b2", old_text=None, new_text='{"prs": []}', workloads=None, repeat=1,
                                  sanitize=None)["key"]
 
@@ -115,3 +120,17 @@ def test_merge_unites_shards_and_any_failure_fails():
     assert "added or moved pins**: ggml-org/llama.cpp#7 at `777777777777`" in md
     with pytest.raises(ReportError, match="different after mixes"):
         gate.merge([a, _shard("fits #1", True, "fits", commit="d" * 40)])
+
+
+def test_merge_keeps_the_upstream_shard_and_the_summary_names_its_regression():
+    up = {"ok": False, "tests": ["ci"], "counts": {"run": 24, "passed_before": 22, "passed_after": 21,
+          "regressions": 1, "gained": 0, "not_judged": 2, "not_run": 0, "flaky": 0}, "not_run_reasons": {},
+          "regressions": [{"id": "unit.test_tokenize::test_tokenize_detokenize", "message": "assert 'a' == 'b'"}]}
+    a = _shard("overflow-4 #1", True, "overflow-4")
+    b = {**_shard("upstream tests ci", False, "overflow-4"), "workloads": {}, "upstream": up,
+         "culprits": [{"pin": "ggml-org/llama.cpp#7", "url": "u7"}]}
+    m = gate.merge([a, b])
+    assert not m["ok"] and m["upstream"] == up and [c["pin"] for c in m["culprits"]] == ["ggml-org/llama.cpp#7"]
+    md = gate.summary_md(m)
+    assert "**llama.cpp server tests** (ci): FAIL; run 24, passed before 22, passed after 21, regressions 1" in md
+    assert "REGRESSION unit.test_tokenize::test_tokenize_detokenize: assert 'a' == 'b'" in md

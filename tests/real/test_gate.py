@@ -7,6 +7,8 @@ on the default tree, with pins made by the test as commits a contributor would p
   N  the eviction without the index remap (the `no-remap` variant)
   X  on a base that already carries the eviction: a pin that takes it out again
   B  a pin that does not compile
+  T  /tokenize drops the last token when it parses special tokens: no workload sees it, upstream's
+     own server tests do
 
 Each gate builds the mixes in the cached tree's object store (no checkout touched); a build
 of a tree seen before is a cache hit, so only the mixes with R cost a compile."""
@@ -24,6 +26,7 @@ from .conftest import commit_on
 SERVER = "tools/server/server-context.cpp"
 BUDGET = "        slot.n_predict_max = task.params.n_predict != -1 ? task.params.n_predict : params_base.n_predict;\n"
 WORKLOADS = "overflow-4,victim-first,fits"
+TOKENIZE = "llama_tokens tokens = tokenize_mixed(ctx_server.vocab, body.at(\"content\"), add_special, parse_special);"
 
 
 def patchkit(*args):
@@ -52,6 +55,9 @@ def pins(c2, c2_patched):
         "X": commit_on(repo, evict, {SERVER: text}, "server: take the eviction out again"),
         "B": commit_on(repo, base, {SERVER: text.replace(BUDGET, BUDGET + "        this_is_not_cpp = ;\n")},
                        "server: a typo"),
+        "T": commit_on(repo, base, {SERVER: text.replace(TOKENIZE, TOKENIZE + "\n            if (parse_special && "
+                                                         "!tokens.empty()) { tokens.pop_back(); }")},
+                       "server: /tokenize trims the special-token tail"),
     }
 
 
@@ -64,7 +70,8 @@ def pr_set(tmp_path, name, entries) -> str:
 def ci(c2, tmp_path, name, old, new, *extra, base=None):
     out = tmp_path / name
     res = patchkit("ci", "--repo", c2.path, "--base", base or c2.commit, "--old-pr-set", pr_set(tmp_path, name + "-old", old),
-                   "--pr-set", pr_set(tmp_path, name + "-new", new), "--workload", WORKLOADS,
+                   "--pr-set", pr_set(tmp_path, name + "-new", new),
+                   *(() if "--workload" in extra else ("--workload", WORKLOADS)),
                    "--report-dir", str(out), "--summary", str(tmp_path / f"{name}.md"), *extra)
     data = json.loads((out / "gate.json").read_text()) if (out / "gate.json").exists() else None
     return res, data
@@ -177,3 +184,19 @@ def test_a_pin_that_breaks_the_build_is_named(c2, pins, tmp_path):
     assert "the after nightly does not build" in data["note"] and "this_is_not_cpp" in data["note"]
     assert not data["workloads"]
     assert "responsible pin**: ggml-org/llama.cpp#106" in (tmp_path / "hb.md").read_text()
+
+
+def test_a_pin_only_upstreams_tests_can_see_is_named_through_them(c2, pins, tmp_path):
+    """The upstream-tests shard (`--workload none --upstream-tests ...`): eviction + the /tokenize
+    breaker added together; llama.cpp's own test fails on the after nightly only, and the mix up to
+    each pin is judged on that test: the breaker is named, with the suite's failure message."""
+    E, T = url(101, pins["E"]), url(107, pins["T"])
+    res, data = ci(c2, tmp_path, "et", [], [E, T], "--workload", "none", "--upstream-tests", "test_tokenize")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [c["pin"] for c in data["culprits"]] == ["ggml-org/llama.cpp#107"], data["culprits"]
+    up = data["upstream"]
+    assert not up["ok"] and not data["workloads"]
+    regs = {r["id"]: r["message"] for r in up["regressions"]}
+    assert "What is the capital of France" in regs["unit.test_tokenize::test_tokenize_detokenize"], regs
+    md = (tmp_path / "et.md").read_text()
+    assert "**llama.cpp server tests** (test_tokenize): FAIL" in md and "responsible pin**: ggml-org/llama.cpp#107" in md
