@@ -113,7 +113,7 @@ def test_selection(tmp_path):
     sel = upstream.selection(["test_tokenize", "unit/test_basic.py::test_server_props", "test_tokenize.py"], tmp_path)
     assert sel == ("unit/test_tokenize.py", "unit/test_basic.py::test_server_props")
     assert upstream.selection(["ci"], tmp_path) == upstream.SUBSETS["ci"]
-    with pytest.raises(UsageError, match="no test file unit/test_nope.py.*Subsets: ci; files: test_basic.py"):
+    with pytest.raises(UsageError, match="no test file unit/test_nope.py.*Subsets: all, ci; files: test_basic.py"):
         upstream.selection(["test_nope"], tmp_path)
 
 
