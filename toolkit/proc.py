@@ -26,6 +26,14 @@ from .errors import EnvironmentProblem, PatchkitError
 
 log = logging.getLogger("patchkit.proc")
 
+# Every process this patchkit process starts inherits this mark in its environment (children,
+# their children: ninja's compilers, llama-server). A Ctrl-C can land between fork and the line
+# that records the child (inside Popen, or before its result is stored): measured under load,
+# `verify` interrupted that way left a llama-server behind. stop_all() therefore also sweeps
+# /proc for the mark, so no child outlives us whatever instant the signal chose.
+OWNER = "PATCHKIT_OWNER"
+os.environ[OWNER] = f"{os.getpid()}-{time.time_ns()}"
+
 
 @dataclass(frozen=True)
 class Result:
@@ -230,3 +238,24 @@ _LIVE: set[Spawned] = set()
 def stop_all() -> None:
     for child in list(_LIVE):
         child.stop(grace=2.0)
+    for pid in marked(os.environ[OWNER]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def marked(value: str) -> list[int]:
+    """Processes other than this one whose environment carries OWNER=value."""
+    want = f"{OWNER}={value}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if want in fh.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found

@@ -334,3 +334,18 @@ def test_property_harness_passes_and_catches_the_broken_variant(trees, tmp_path,
         m = re.search(r"FAIL iteration \d+: embd of entry (\d+) \(original (\d+)\) is misaligned", res.output)
         assert m, res.output  # the embd-mode check (token-mode batches have no embd to misalign)
         assert int(m[1]) < int(m[2]), "a survivor that moved down: its row was not moved with it"
+
+
+def test_stop_all_also_kills_a_child_it_never_recorded():
+    """Ctrl-C can land between fork and the line that records the child (measured under load:
+    an interrupted `verify` left a llama-server behind). Every child carries the process's
+    PATCHKIT_OWNER mark, and stop_all() sweeps for it."""
+    from toolkit import proc
+    p = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not through proc: never recorded
+    try:
+        assert p.pid in proc.marked(os.environ[proc.OWNER])
+        proc.stop_all()
+        assert p.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
