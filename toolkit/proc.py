@@ -245,9 +245,9 @@ def stop_all() -> None:
             pass
 
 
-def marked(value: str) -> list[int]:
-    """Processes other than this one whose environment carries OWNER=value."""
-    want = f"{OWNER}={value}".encode()
+def marked(value: str, name: str = OWNER) -> list[int]:
+    """Processes other than this one whose environment carries name=value."""
+    want = f"{name}={value}".encode()
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():

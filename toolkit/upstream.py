@@ -366,18 +366,7 @@ def export_tests(repo: git.Repo, commit: str, dest: Path) -> Path:
 
 
 def _marked(marker: str) -> list[int]:
-    want = f"PATCHKIT_UPSTREAM_RUN={marker}".encode()
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if want in fh.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return proc.marked(marker, "PATCHKIT_UPSTREAM_RUN")
 
 
 def _describe(pid: int) -> str:
