@@ -33,8 +33,10 @@ def test_victim_chosen_by_prompt_length_is_caught_where_cells_and_prompts_disagr
 
 def test_victim_chosen_by_tokens_generated_is_caught(c2, c2_base, tmp_path):
     k = kill(c2, tmp_path, "victim-by-generated", "overflow-4")
-    # released together every slot generated as much: the first in play went, not the largest (slot 3)
-    assert re.search(r"terminated \[0\], measured largest: \[3\]", k["victim-is-largest"]), k
+    # released together the slots generated about as much (which one leads depends on when each
+    # prompt finished): a slot went by its generated count, never the one holding the most (slot 3)
+    m = re.search(r"terminated \[(\d)\], measured largest: \[3\]", k["victim-is-largest"])
+    assert m and m[1] != "3", k
 
 
 def test_a_victim_entry_left_in_the_batch_shows_in_the_pools_accounting(c2, c2_base, tmp_path):
