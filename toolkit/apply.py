@@ -133,7 +133,7 @@ def commit_series(repo: git.Repo, base: str, rel: str, texts: list[tuple[int, by
                 g.update_index("--cacheinfo", f"{mode},{blob},{rel}")
                 tree = g.write_tree()
                 title, body = spec.stages[stage - 1]
-                msg = f"{title}\n\n{body.format(policy=policy, policy_what=patch.POLICY_WHAT[policy])}\n\n" + "".join(
+                msg = f"{title}\n\n{body.format(policy=policy, policy_what=spec.policy_what[policy])}\n\n" + "".join(
                     f"{k}: {v}\n" for k, v in {**trailers, "Patchkit-Stage": str(stage)}.items())
                 parent = g.commit_tree(tree, "-p", parent, "-m", msg)
                 commits.append(parent)

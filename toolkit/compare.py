@@ -329,6 +329,8 @@ def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | Non
     the pin gate) the base side is not judged but compared with: the candidate must also not
     regress from it. "no-regression": the base side is a reference; the candidate must not do
     worse on any request, and its server must stay healthy."""
+    if expect == "preemption" and side == "candidate":
+        return Verdict(wl.name, side, index, tuple(server_checks(run) + preemption(run, wl, control)))
     if expect == "no-regression" or (side == "base" and base_reference):
         checks = (reference(run, wl) if side == "base"
                   else no_regression(run, base, wl) + server_checks(run))
@@ -349,6 +351,76 @@ def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | Non
     if side == "candidate" and base_reference:
         checks += no_regression(run, base, wl)
     return Verdict(wl.name, side, index, (start_shape(run, wl), *checks))
+
+
+# ------------------------------------------------------------------ preemption (park / recompute)
+
+# A pause may hold at most this many server steps in which nothing decoded at all: the resume is
+# tried at the top of every step, so with nothing running a parked request must come back at once.
+IDLE_STEPS_BOUND = 2
+
+
+def preemption(run: Run, wl: Workload, control: Run | None, exact: bool = True) -> list[Check]:
+    """What a preemption (park by swap, or recompute) promises, measured: no request fails; each
+    stream equals the same request's control run token for token (the control: the same requests
+    in a pool with room for all); every cell comes back (a request of nearly the whole pool
+    completes afterwards); no request waits while nothing runs; and on a workload whose base
+    overflows, a request was parked at all (else nothing was exercised). `exact=False` (a recompute
+    on a backend measured not to be batch-invariant): differences are reported, not failed."""
+    outs = run.outcomes
+    failed = [o for o in outs if o.outcome != "completed"]
+    checks = [_check("no-request-fails", not failed,
+                     "; ".join(f"slot {o.slot}: {o.outcome} after {len(o.tokens)}/{o.n_predict} tokens"
+                               + (f" ({o.error})" if o.error else "") for o in failed)
+                     if failed else f"all {len(outs)} requests completed")]
+    ps = measure.pauses(run)
+    n = sum(len(v) for v in ps.values())
+    if wl.expect.base == "all-error":
+        checks.append(_check("parks-measured", n > 0,
+                             f"{n} pause(s) measured in upstream's log: " + describe_pauses(ps) if n
+                             else "no request paused while others went on: this run exercised no preemption"))
+    if control is None:
+        checks.append(Check("streams-exact", "skip", "no control run"))
+    else:
+        ctl = {o.slot: o for o in control.outcomes}
+        diffs = []
+        for o in outs:
+            ref = ctl.get(o.slot)
+            if ref is None or ref.outcome != "completed":
+                diffs.append(f"slot {o.slot}: control did not complete")
+                continue
+            pos = first_difference(o.tokens, ref.tokens)
+            if pos is not None:
+                after = [p for p in ps.get(o.slot, ()) if p.at_token <= pos]
+                diffs.append(f"slot {o.slot}: differs from its control at token {pos} "
+                             + (f"(after its pause at token {after[-1].at_token})" if after
+                                else "(before any pause of its own)"))
+        resumed = sorted(s for s, v in ps.items() if any(p.resumed for p in v))
+        if not diffs:
+            checks.append(Check("streams-exact", "pass", "every stream equals its control token for token"
+                                + (f", resumed ones included (slots {resumed})" if resumed else "")))
+        else:
+            checks.append(Check("streams-exact", "fail" if exact else "skip", "; ".join(diffs)
+                                + ("" if exact else " (reported, not failed: this backend's recompute was measured "
+                                                    "not batch-invariant)")))
+    checks.append(_check("pool-returns-empty", run.pool_probe == "completed",
+                         "a request of nearly the whole pool completed after the workload: every cell came back"
+                         if run.pool_probe == "completed" else
+                         f"a request of nearly the whole pool after the workload: {run.pool_probe or 'not made'}"))
+    stuck = [p for v in ps.values() for p in v if not p.resumed or p.idle_steps > IDLE_STEPS_BOUND]
+    checks.append(_check("waits-bounded", not stuck,
+                         "; ".join(f"slot {p.slot} paused at token {p.at_token}: "
+                                   + ("never resumed, " if not p.resumed else "")
+                                   + f"{p.idle_steps} step(s) with nothing running (bound {IDLE_STEPS_BOUND})"
+                                   for p in stuck) if stuck else
+                         f"every pause ended with at most {IDLE_STEPS_BOUND} idle step(s) in it"))
+    return checks
+
+
+def describe_pauses(ps: dict[int, tuple[measure.Pause, ...]]) -> str:
+    return "; ".join(f"slot {s}: " + ", ".join(f"at token {p.at_token}" + (f" for {p.seconds:.2f} s" if p.seconds else "")
+                                               + ("" if p.resumed else " (never resumed)") for p in v)
+                     for s, v in sorted(ps.items()))
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class Exchange:
         self.kind: str | None = None
         self.tokens: list[int] = []
         self.token_t: list[float] = []
+        self.notices: list[tuple[str, int]] = []  # SSE comment lines (": preempted"), with the tokens before each
         self._buf = b""
 
     def connect(self) -> None:
@@ -115,6 +116,9 @@ class Exchange:
         now = time.monotonic() - self.t0
         for raw in lines:
             line = raw.decode(errors="replace").rstrip("\r")
+            if line.startswith(":"):  # an SSE comment: a server that says it preempted / resumed the stream
+                self.notices.append((line[1:].strip(), len(self.tokens)))
+                continue
             if not line.startswith("data: "):
                 continue
             payload = line[6:]
@@ -157,7 +161,7 @@ class Exchange:
         t_end = self.t_end if self.t_end is not None else time.monotonic() - self.t0
         return Outcome(self.req.slot, self.kind or "timeout", self.status, self.error, self.done, self.stop_type,
                        self.truncated, self.predicted, tuple(self.tokens), len(self.req.prompt), self.req.n_predict,
-                       self.t_start, self.t_first, t_end, tuple(self.token_t))
+                       self.t_start, self.t_first, t_end, tuple(self.token_t), tuple(self.notices))
 
 
 class Abandoned(Exception):

@@ -279,11 +279,20 @@ def sampling_problems(run: Run) -> tuple[list[str], list[int]]:
     first: dict[int, int] = {}
     entries: dict[int, list[int]] = {}
     samples: dict[int, list[int]] = {}
+    cells: dict[int, int] = {}
     for t in run.trace:
         if t.kind == "launch":
             first.setdefault(t.slot, t.task)
         elif t.kind in ("entry", "token") and first.get(t.slot) == t.task:
-            (entries if t.kind == "entry" else samples).setdefault(t.slot, []).append(t.token)
+            if t.kind == "entry":
+                e = entries.setdefault(t.slot, [])
+                if e and e[-1] == t.token and cells.get(t.slot) == t.value:
+                    e.pop()  # the same token at the same cell count: the entry before was taken out of its
+                             # batch undecoded (a preemption parked the slot) and is made again
+                cells[t.slot] = t.value
+                e.append(t.token)
+            else:
+                samples.setdefault(t.slot, []).append(t.token)
     problems, unjudged = [], []
     for slot in sorted(set(entries) | set(samples)):
         e, k = entries.get(slot, []), samples.get(slot, [])
@@ -456,7 +465,7 @@ def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:
         if evs and len(evs[0].terminated) == 1:      # a candidate's run (the base errors all)
             bad = [why for _, ok, why in designed(evs[0], wl) if not ok]
             return bad[0] if bad else None
-    if wl.expect.base == "all-error" and not hits:
+    if wl.expect.base == "all-error" and not hits and not parks(run):  # a preempting run: no error by design
         # an overflow workload whose requests never met in the pool (a late group joined after
         # the early ones were nearly done): measured from the step each first generated in
         first_step: dict[int, int] = {}
@@ -467,3 +476,63 @@ def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:
         return (f"no overflow: the requests started generating up to {spread} steps apart"
                 if first_step else "no overflow")
     return None
+
+
+# ------------------------------------------------------------------ preemption (park / recompute)
+
+@dataclass(frozen=True)
+class Pause:
+    """A request that stopped decoding while others went on, and came back (or never did): read
+    from upstream's verbose log (each generating slot's batch entry per step), timed by the client."""
+    slot: int
+    at_token: int        # index of the first token streamed after the pause (tokens before it: at_token)
+    cells: int           # the cells it held when it came back (recomputed ones, for a recompute)
+    steps: int           # server steps it missed (steps where another slot had an entry)
+    idle_steps: int      # steps in the pause where no slot had an entry: a wait nothing excuses
+    seconds: float | None  # the client's gap between the tokens around it (None: not streamed)
+    resumed: bool = True
+
+
+def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
+    """Every pause of every workload request (slot -> pauses, in order). A slot whose entries stop
+    before its request ended and never come back has one last pause with resumed=False."""
+    first: dict[int, int] = {}
+    seen: dict[int, list[tuple[int, int]]] = {}  # slot -> (step index, cells) of each entry
+    busy: list[bool] = []                          # per step: did any slot have an entry
+    step = -1
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            step += 1
+            busy.append(False)
+        elif t.kind == "entry" and first.get(t.slot) == t.task and step >= 0:
+            busy[step] = True
+            seen.setdefault(t.slot, []).append((step, t.value))
+    outs = {o.slot: o for o in run.outcomes}
+    out: dict[int, tuple[Pause, ...]] = {}
+    for slot, entries in seen.items():
+        o = outs.get(slot)
+        if o is None:
+            continue
+        ps = []
+        for (i, _), (j, cells) in zip(entries, entries[1:]):
+            missed = sum(busy[i + 1:j])
+            if missed == 0:
+                continue
+            k = cells - o.prompt_tokens + 1
+            gap = o.token_t[k] - o.token_t[k - 1] if 0 < k < len(o.token_t) else None
+            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap))
+        last_step, last_cells = entries[-1]
+        if len(o.tokens) < o.n_predict and o.outcome != "errored":  # stopped, and no error ended it
+            tail = busy[last_step + 1:]
+            ps.append(Pause(slot, last_cells - o.prompt_tokens + 1, last_cells, sum(tail),
+                            len(tail) - sum(tail), None, resumed=False))
+        if ps:
+            out[slot] = tuple(ps)
+    return out
+
+
+def parks(run: Run) -> bool:
+    """Measured: did a request pause while others went on (the candidate preempts)?"""
+    return any(pauses(run).values())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import textwrap
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -65,6 +65,11 @@ class Facts:
     # per-slot quantities a WRONG patch might choose its victim by (mutants only; SLOT = a slot reference)
     prompt_len: str = "SLOT.n_prompt_tokens"
     generated: str = "SLOT.n_decoded"
+    # anchors the preemption families need (-1: this layout has none)
+    enum_at: int = -1         # line start of the closing brace of `enum slot_state` (a new state goes here)
+    enum_indent: str = ""
+    resume_at: int = -1       # line start of update_slots' statement that calls pre_decode() (parked slots
+    resume_indent: str = ""   # come back just before the batch is built)
 
 
 @dataclass(frozen=True)
@@ -74,23 +79,44 @@ class PatchSpec:
     policies: tuple[str, ...]
     stages: tuple[tuple[str, str], ...]
     variants: dict
-    root: Path
+    root: Path                     # the templates' folder (a family may share another's: `templates = "..."`)
+    helper: str = HELPER           # the method the hook calls
+    definitions: tuple[str, ...] = ()  # what marks the series applied in the code (regexes); see state()
+    switches: dict = field(default_factory=lambda: dict(RIGHT))  # the right patch's structural switches
+    params: dict = field(default_factory=dict)  # fixed template parameters of this patch (e.g. mode)
+    policy_what: dict = field(default_factory=lambda: dict(POLICY_WHAT))
+    expect: str = "eviction"       # the expectations its verdicts apply (compare.py)
 
 
 def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
-    root = PATCHES_DIR / name
-    meta = root / "patch.toml"
+    meta = PATCHES_DIR / name / "patch.toml"
     if not meta.exists():
         known = sorted(p.name for p in PATCHES_DIR.iterdir() if (p / "patch.toml").exists())
         raise UsageError(f"no patch named '{name}'. Known: {', '.join(known)}.")
     d = tomllib.loads(meta.read_text())
+    switches = {**RIGHT, **d.get("switches", {})}
     for name_, v in d.get("variants", {}).items():
-        unknown = set(v) - set(RIGHT) - {"class", "what", "killer"}
+        unknown = set(v) - set(switches) - {"class", "what", "killer"}
         if unknown:  # a typo would silently render the right patch under a mutant's name
             raise UsageError(f"{meta}: variant '{name_}' sets unknown switches {sorted(unknown)}; "
-                             f"known: {', '.join(RIGHT)}.")
+                             f"known: {', '.join(switches)}.")
+    helper = d.get("helper", HELPER)
+    definitions = tuple(d.get("definitions", ())) or (rf"\bbool {helper}\(int32_t",
+                                                      rf"\bvoid {SURGERY}\((llama_batch & batch, )?int32_t id_slot")
     return PatchSpec(d["name"], d["summary"], tuple(d["policies"]),
-                     tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}), root)
+                     tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}),
+                     PATCHES_DIR / d.get("templates", name), helper, definitions, switches, d.get("params", {}),
+                     {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"))
+
+
+def all_policies() -> list[str]:
+    """Every victim policy some patch offers, in first-seen order (the CLI's choices)."""
+    return list(dict.fromkeys(p for f in families() for p in load_patch(f).policies))
+
+
+def families() -> list[str]:
+    """Every patch under patches/ (a folder with a patch.toml)."""
+    return sorted(p.name for p in PATCHES_DIR.iterdir() if (p / "patch.toml").exists())
 
 
 # ------------------------------------------------------------------ analysis
@@ -267,10 +293,34 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
         hook_end = m.end()
     prompt_len = "(int32_t) SLOT.task->n_tokens()" if "->task" in task_id else "(int32_t) SLOT.n_prompt_tokens"
     generated = "SLOT.n_decoded" if "n_decoded" in slot else "SLOT.stats.n_gen"
+    enum_at, enum_indent, resume_at, resume_indent = _preemption_anchors(tu, source, owner, methods)
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
-                 hook_indent, hook_end, prompt_len, generated)
+                 hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent)
+
+
+def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:
+    """Where a preemption family adds its slot state (the end of `enum slot_state`) and its resume
+    call (update_slots' statement that calls pre_decode(): parked slots return before the batch is
+    built). Layouts without a pre_decode() step (A, B, C) have no resume point: -1."""
+    from clang.cindex import CursorKind as K
+
+    enum_at, enum_indent = -1, ""
+    for top in tu.cursor.get_children():
+        if top.kind == K.ENUM_DECL and top.spelling == "slot_state" and top.is_definition():
+            last = list(top.get_children())[-1]
+            enum_indent = _indent_at(source, last.extent.start.offset)
+            enum_at = _line_start(source, source.rindex(b"}", 0, top.extent.end.offset + 1))
+    resume_at, resume_indent = -1, ""
+    update = next((m for o, m in methods if o == owner and m.spelling == "update_slots"), None)
+    body = next((c for c in update.get_children() if c.kind == K.COMPOUND_STMT), None) if update else None
+    for stmt in body.get_children() if body is not None else ():
+        if any(c.kind == K.CALL_EXPR and c.spelling == "pre_decode" for c in _walk(stmt)):
+            resume_at = _line_start(source, stmt.extent.start.offset)
+            resume_indent = _indent_at(source, stmt.extent.start.offset)
+            break
+    return enum_at, enum_indent, resume_at, resume_indent
 
 
 def unguard(terminate: str) -> str:
@@ -324,18 +374,20 @@ def _fork_hint(source: bytes) -> str:
 def templates(spec: PatchSpec) -> jinja2.Environment:
     """The patch's Jinja2 templates (StrictUndefined: a fact a template needs and the layout
     lacks is an error, never an empty string in C++)."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(spec.root)), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    # a family's own folder first, then patches/ itself: a family includes another's parts by path
+    # (the preemption families take the eviction's batch surgery as it is)
+    return jinja2.Environment(loader=jinja2.FileSystemLoader([str(spec.root), str(PATCHES_DIR)]),
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              keep_trailing_newline=True)
 
 
 def state(text: str, spec: PatchSpec) -> str:
-    """'clean' | 'applied' | 'partial' (one of the patch's two definitions without the other).
+    """'clean' | 'applied' | 'partial' (some of the patch's definitions without the others).
     Read from the code's own definitions, not from markers: the patch carries none."""
-    helper = re.search(rf"\bbool {HELPER}\(int32_t", text) is not None
-    surgery = re.search(rf"\bvoid {SURGERY}\((llama_batch & batch, )?int32_t id_slot", text) is not None
-    if helper and surgery:
+    found = [re.search(d, text) is not None for d in spec.definitions]
+    if all(found):
         return "applied"
-    return "partial" if helper or surgery else "clean"
+    return "partial" if any(found) else "clean"
 
 
 # The template's structural switches, as the right patch sets them. A mutant (patch.toml,
@@ -357,15 +409,25 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
            variant: str | None = None) -> bytes:
     if policy not in spec.policies:
         raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
-    params = dict(RIGHT)
+    params = dict(spec.switches)
     if variant:
         if variant not in spec.variants:
             raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")
-        params.update({k: v for k, v in spec.variants[variant].items() if k in RIGHT})
-        if params == RIGHT:
+        params.update({k: v for k, v in spec.variants[variant].items() if k in spec.switches})
+        if params == spec.switches:
             raise UsageError(f"variant '{variant}' flips no switch: it would render the right patch.")
     env = templates(spec)
-    ctx = dict(f=facts, helper=HELPER, surgery=SURGERY, policy=policy, stage=stage, **params)
+    ctx = dict(f=facts, helper=spec.helper, surgery=SURGERY, policy=policy, stage=stage, **spec.params, **params)
+    extra = []  # (at, text): the parts only some families have
+    for part, at, indent in (("state.cpp.j2", facts.enum_at, facts.enum_indent),
+                             ("resume.cpp.j2", facts.resume_at, facts.resume_indent)):
+        if not (spec.root / part).exists():
+            continue
+        if at < 0:
+            raise LayoutError(f"{facts.file}: layout {facts.layout} has no place for '{spec.name}' "
+                              f"({'enum slot_state' if part.startswith('state') else 'a pre_decode() step in update_slots'}); "
+                              "the preemption patches apply to layouts C2 and D.")
+        extra.append((at, textwrap.indent(env.get_template(part).render(**ctx), indent, lambda l: l.strip() != "")))
     surgery = env.get_template("surgery.cpp.j2").render(**ctx)
     helper = env.get_template("helper.cpp.j2").render(**ctx)
     hook = env.get_template("hook.cpp.j2").render(**ctx)
@@ -378,8 +440,10 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
     # edit from the latest offset back, so the earlier ones stay valid
     assert facts.surgery_at < facts.helper_at < facts.hook_at <= hook_end
     out = source[: facts.hook_at] + hook.encode() + (b"" if facts.hook_end > 0 else b"\n") + source[hook_end:]
-    out = out[: facts.helper_at] + helper.encode() + out[facts.helper_at:]
-    return out[: facts.surgery_at] + surgery.encode() + out[facts.surgery_at:]
+    edits = [(facts.helper_at, helper), (facts.surgery_at, surgery), *extra]
+    for at, text in sorted(edits, key=lambda e: -e[0]):
+        out = out[:at] + text.encode() + out[at:]
+    return out
 
 
 def stage_texts(source: bytes, facts: Facts, spec: PatchSpec, policy: str = "largest",

@@ -26,6 +26,9 @@ class Outcome:
     t_first: float | None
     t_end: float               # when the exchange ended: for an errored stream, when the error arrived
     token_t: tuple[float, ...] = ()  # arrival time of each token (seconds since t0), same length as tokens
+    # SSE comment lines the server sent in the stream (e.g. "preempted", "resumed"), each with the
+    # number of tokens received before it
+    notices: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class Run:
     trace: tuple[Trace, ...] = ()  # upstream's verbose log, parsed (empty when the server printed none)
     # the starts made before this one (without the workload's designed shape): judged too, never dropped
     earlier: tuple["Run", ...] = ()
+    # after the workload, one request sized to nearly the whole pool (runner's `probe_pool`): "" not
+    # made, "completed", or what went wrong. Completing shows every cell came back to the pool.
+    pool_probe: str = ""
 
 
 SANITIZER_RE = re.compile(r"(ERROR: AddressSanitizer.*|runtime error: .*|ERROR: LeakSanitizer.*|"

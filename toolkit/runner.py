@@ -79,18 +79,19 @@ def _tokenized(srv: Server, r: Request) -> Request:
 
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
         timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S,
-        want_shape: bool = True, policy: str = "largest") -> Run:
+        want_shape: bool = True, policy: str = "largest", probe_pool: bool = False) -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
     does not have the workload's designed shape for `policy`. The last run is returned with
     every earlier start in `earlier` (each keeps its log: `<log>.start<k>`), all judged.
-    `want_shape=False` (the no-overflow control: nothing to shape) runs once."""
+    `want_shape=False` (the no-overflow control: nothing to shape) runs once. `probe_pool`: after
+    the workload, one request sized to nearly the whole pool (Run.pool_probe)."""
     if not want_shape:
         attempts = 1
     deadline = time.monotonic() + budget_s
     earlier: list[Run] = []
     for attempt in range(1, attempts + 1):
         path = log_path if attempt == 1 else log_path.with_name(f"{log_path.name}.start{attempt}")
-        r = run_once(binary, model, wl, path, draft=draft, timeout=timeout)
+        r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool)
         last = attempt == attempts or time.monotonic() > deadline
         why = None if r.exit_code is not None else measure.shape(r, wl, policy)
         _log.info("%s: start %d, %.2f s%s", wl.name, attempt, r.wall, f" (again: {why})" if why and not last else "")
@@ -100,8 +101,12 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
     raise AssertionError("unreachable")
 
 
+# the pool probe leaves this many cells unused (its own 8 tokens and slack for the pool's padding)
+PROBE_SLACK = 24
+
+
 def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
-             timeout: float = 120.0) -> Run:
+             timeout: float = 120.0, probe_pool: bool = False) -> Run:
     """A fresh server, every request, a follow-up probe, the server stopped."""
     # upstream's own per-step log (each slot's batch entry and cells, each token, retries, errors):
     # the exact record measure.py judges from, whatever the client's scheduling was
@@ -138,8 +143,17 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
         if alive:
             probe = Request(slot=wl.requests[0].slot, prompt=prompt_ids(8, 99), n_predict=8, stream=False)
             followup_ok = exchange(ep.port, (probe,), 60)[0].outcome == "completed"
+        pool_probe = ""
+        if alive and probe_pool:
+            # every request has ended: a prompt of nearly the whole pool fits only if every cell came
+            # back (idle slots' cached prompts are purged by the server on demand)
+            big = Request(slot=wl.requests[0].slot, prompt=prompt_ids(wl.server.ctx - PROBE_SLACK, 98), n_predict=8,
+                          stream=False)
+            o = exchange(ep.port, (big,), 120)[0]
+            pool_probe = "completed" if o.outcome == "completed" else f"{o.outcome}: {o.error or 'no error text'}"
         code = srv.returncode()
     text = log_path.read_text(errors="replace")
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
-               sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text))
+               sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text),
+               pool_probe=pool_probe)

@@ -5,6 +5,7 @@ nothing itself. The CLI prints what it returns; report.py writes it to disk.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -67,9 +68,14 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
               layout: str | None = None, model_name: str | None = None, expect: str = "auto",
               evicting_patch: bool = False, base_reference: bool = False, sides: tuple[str, str] = ("base", "candidate"),
-              reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None) -> Result:
+              reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None,
+              patch_expect: str = "eviction") -> Result:
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
-    each workload's control and base runs are made once and shared by every candidate."""
+    each workload's control and base runs are made once and shared by every candidate.
+    `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`)."""
+    # a preempting candidate has no eviction shape to wait for (every start is judged anyway); every
+    # candidate run ends with the pool probe (did every cell come back: the preemption's promise)
+    preempting = expect == "preemption" or (expect == "auto" and evicting_patch and patch_expect == "preemption")
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -117,7 +123,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                 say(f"[{wl.name}] {c_name} run {k + 1}/{repeat}")
                 cand_runs.append(run_workload(cand_bin.binary, tiny.path, wl,
                                               work_dir / f"{wl.name}.candidate.{k}.log",
-                                              draft=draft.path if draft else None, policy=policy))
+                                              draft=draft.path if draft else None, policy=policy,
+                                              want_shape=not preempting, probe_pool=True))
         if reuse is not None:
             reuse[(str(base_bin.binary), wl.name, repeat)] = (control, base_runs)
         recorded.append((wl, tiny, control, base_runs, cand_runs))
@@ -133,7 +140,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                          [run_workload(cand_bin.binary, pm.path, probe, work_dir / "probe.candidate.log")]))
     timings.append(("workloads", time.monotonic() - t_runs))
 
-    applied, why, base_evicts = expectations(expect, measured, candidate_label if evicting_patch else None)
+    applied, why, base_evicts = expectations(expect, measured, candidate_label if evicting_patch else None,
+                                             patch_expect)
     base_reference = base_reference or base_evicts
     say(f"expectations: {applied} ({why})")
     results = []
@@ -154,10 +162,13 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                   applied, why)
 
 
-def expectations(expect: str, recorded, patch: str | None = None) -> tuple[str, str, bool]:
-    """(expectations applied, why, does the base side already evict). `auto`: the eviction
-    expectations when the candidate is patchkit's eviction patch (`patch` names it) or when it
-    measurably evicts on an overflow workload; else no-regression (any other change: it must
+def expectations(expect: str, recorded, patch: str | None = None,
+                 patch_expect: str = "eviction") -> tuple[str, str, bool]:
+    """(expectations applied, why, does the base side already evict). `auto`: the expectations
+    patchkit's own patch promises when the candidate is one (`patch` names it: eviction, or
+    preemption for park / recompute); else what the candidate measurably does on an overflow
+    workload: it parks a request (pauses it while others go on) -> preemption; it terminates
+    fewer requests than were in play -> eviction; else no-regression (any other change: it must
     not make anything worse)."""
     def evicting(side: int) -> list[str]:
         return [w.name for w, *runs in recorded for r in runs[side]
@@ -171,8 +182,14 @@ def expectations(expect: str, recorded, patch: str | None = None) -> tuple[str, 
         return "eviction", "asked for (--expect eviction)" + base_note, bool(base_ev)
     if expect == "no-regression":
         return "no-regression", "asked for (--expect no-regression)", bool(base_ev)
+    if expect == "preemption":
+        return "preemption", "asked for (--expect preemption)", bool(base_ev)
     if patch:
-        return "eviction", f"auto: the candidate is {patch}" + base_note, bool(base_ev)
+        return patch_expect, f"auto: the candidate is {patch}" + base_note, bool(base_ev)
+    parking = [w.name for w, *runs in recorded for r in runs[1] if w.expect.base == "all-error" and measure.parks(r)]
+    if parking:
+        return "preemption", ("auto: the candidate preempts (measured: a request paused in upstream's log while others "
+                              f"went on, on {', '.join(dict.fromkeys(parking))})"), bool(base_ev)
     if cand_ev:
         return "eviction", (f"auto: the candidate evicts (measured: fewer requests terminated than were in play "
                             f"on {', '.join(dict.fromkeys(cand_ev))})" + base_note), bool(base_ev)
@@ -253,10 +270,22 @@ def refuse_vacuous(repo: git.Repo, base: str, base_why: str, cand: str, cand_why
             f"--candidate." + hint)
 
 
+def series_patch(repo: git.Repo, commit: str) -> str | None:
+    """The patch family a patchkit series below `commit` was rendered from (its trailer)."""
+    from .apply import TRAILER_PATCH
+
+    for c in repo.iter_commits(commit, max_count=SERIES_DEPTH, first_parent=True):
+        m = re.search(rf"^{TRAILER_PATCH}: (\S+)", c.message, re.M)
+        if m:
+            return m.group(1)
+    return None
+
+
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
            baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
            out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None,
            expect: str = "auto") -> Result:
+    from . import patch as patch_mod
     from .apply import series_base
     from .source import current_branch, resolve
 
@@ -284,8 +313,9 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
         # patchkit's own series (applied here, or a branch `apply` made) is the eviction by construction
         evicting = bool(cand) and (not (candidate_ref or patch_file or commit)
                                    or bool(series_base(repo, cand, within=SERIES_DEPTH)))
+        family = patch_name or (series_patch(repo, cand) if cand else None) or patch_mod.DEFAULT_PATCH
         res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
                         policy=policy, candidate_label=label, candidate_source=src, layout=layout,
                         model_name=model_name, expect=expect, evicting_patch=evicting, say=ui.say,
-                        progress=ui.progress)
+                        progress=ui.progress, patch_expect=patch_mod.load_patch(family).expect)
     return replace(res, timings=prep + res.timings, base_why=why)

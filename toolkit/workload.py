@@ -28,13 +28,19 @@ class Request:
     # real models: real text, cut to len(prompt) tokens by the server's own /tokenize at run time
     # (prompt holds placeholders until then, so the sizing arithmetic can use its length)
     text: str = ""
+    # a repetition penalty over the last 64 tokens (0: none): the sampler then carries state from
+    # token to token, which a preemption must keep (greedy alone has none to lose)
+    repeat_penalty: float = 0.0
 
     def body(self) -> dict:
-        return {
+        b = {
             "prompt": list(self.prompt), "n_predict": self.n_predict, "id_slot": self.slot,
             "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": 1, "stream": self.stream,
             "return_tokens": True, "cache_prompt": False,
         }
+        if self.repeat_penalty:
+            b.update(repeat_penalty=self.repeat_penalty, repeat_last_n=64)
+        return b
 
 
 @dataclass(frozen=True)

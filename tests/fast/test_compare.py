@@ -315,7 +315,9 @@ def test_a_step_without_a_sample_fails_one_sample_per_entry():
     trace = list(r.trace)
     k = [i for i, t in enumerate(trace) if t.kind == "token" and t.slot == 3][150]
     dup = next(t for t in reversed(trace[:k]) if t.kind == "entry" and t.slot == 3)
-    broken = replace(r, trace=tuple(trace[:k] + [dup] + trace[k + 1:]))   # its sample dropped, its entry repeated
+    # its sample dropped, its entry repeated one cell later (the first one was decoded; the same token at
+    # the same cell count would be an entry taken out undecoded and made again: a preemption's resume)
+    broken = replace(r, trace=tuple(trace[:k] + [replace(dup, value=dup.value + 1)] + trace[k + 1:]))
     c = compare.sampling(broken)
     assert c.status == "fail" and c.detail.startswith("slot 3: decode #") and "the previous token again" in c.detail
     assert compare.sampling(replace(r, trace=())).status == "skip"
