@@ -337,6 +337,57 @@ def mutants_cmd(repo, base_ref, names, workloads, repeat, report_dir, list_only,
     sys.exit(0 if killed == judged else 1)
 
 
+@cli.command("referee")
+@click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
+@click.option("--base", "base_ref", default=None, help="The unpatched base (default: HEAD; the baseline tag on the "
+              "fetched tree).")
+@click.option("--strategy", "strategies", multiple=True, help="STRATEGY[:POLICY], repeatable: base, terminate, park "
+              "(swap to host memory), recompute; policies largest, smallest, newest, not-leader-smallest. Default: "
+              "base, terminate:largest, park:largest|smallest|not-leader-smallest, recompute:largest|smallest.")
+@click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
+              "overflow-4, staggered, overflow-8, staggered-8: 4 and 8 chats, together and staggered).")
+@click.option("--model", "model_name", default=None, help="Serve this model for every workload (e.g. smollm2).")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-referee"),
+              show_default=True, help="Where report.json/md/html (table and chart) and the server logs go.")
+@click.option("--json", "as_json", is_flag=True)
+def referee_cmd(repo, base_ref, strategies, workloads, model_name, report_dir, as_json) -> None:
+    """Referee every answer to a full KV cache on the same workloads: terminate, park, recompute.
+
+    Each strategy is one patch family (patches/) with a victim policy, rendered on the base
+    (one TU on the shared build) and run on the same workloads and model; the unpatched base
+    and each workload's no-overflow control are run once and shared. Per strategy and workload:
+    completed / total, collateral failures, makespan, aggregate tok/s, slowest request, parks,
+    recomputed cells, longest pause, most parks for one request, exactness against the control,
+    and the strategy's own verdict (its expectations: eviction or preemption). Exit 0 when every
+    patched strategy passes its own expectations, 1 otherwise.
+
+    \b
+    Examples:
+      patchkit referee
+      patchkit referee --strategy park:largest --strategy recompute:largest --workload overflow-4
+      patchkit referee --model smollm2 --json
+    """
+    from . import referee as ref_mod
+
+    ui = UI(quiet=as_json)
+    r = _repo(repo, ui)
+    if base_ref is None and not repo:
+        base_ref = source.BASELINE_TAG
+    base = source.resolve(r, base_ref)
+    entries = ref_mod.parse(tuple(strategies) or ref_mod.DEFAULT)
+    wls = [workload.load(w) for w in (workloads or ref_mod.DEFAULT_WORKLOADS)]
+    out_dir = report_dir.resolve()
+    table = ref_mod.referee(r, base, entries, wls, model_name=model_name, out_dir=out_dir / "logs", say=ui.say,
+                            progress=ui.progress)
+    paths = ref_mod.write(table, out_dir)
+    if as_json:
+        _emit_json(ref_mod.to_json(table))
+    else:
+        click.echo(ref_mod.markdown(table))
+        click.echo("reports: " + " ".join(str(p) for p in paths.values()))
+    sys.exit(0 if all(row.verdict == "PASS" for row in table.rows) else 1)
+
+
 @cli.command("export")
 @click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
 @click.option("--base", "base_ref", default=None, help="The commit the series goes on (default: the commit under "

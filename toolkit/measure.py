@@ -533,6 +533,11 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
     return out
 
 
+def word(o: Outcome, ps: tuple[Pause, ...] = ()) -> str:
+    """The outcome in one word: the record's, or "resumed" for a request that completed after a pause."""
+    return "resumed" if o.outcome == "completed" and any(p.resumed for p in ps) else o.outcome
+
+
 def parks(run: Run) -> bool:
     """Measured: did a request pause while others went on (the candidate preempts)?"""
     return any(pauses(run).values())

@@ -99,8 +99,9 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
     if "suite" in judges:
         try:
             res = verify_mod.run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / name,
-                                       opts=opts, candidate_label=f"mutant {name}", layout=layout, expect="eviction",
-                                       evicting_patch=True, reuse=reuse, say=say, progress=progress)
+                                       opts=opts, candidate_label=f"mutant {name}", layout=layout,
+                                       expect=patch_mod.load_patch(patch_name).expect, evicting_patch=True,
+                                       reuse=reuse, say=say, progress=progress)
         except BuildError as e:
             return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
         for wr in res.results:

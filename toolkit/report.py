@@ -24,8 +24,10 @@ TEMPLATES = jinja2.Environment(
 )
 
 
-def _outcome_json(o) -> dict:
+def _outcome_json(o, pauses=()) -> dict:
     d = asdict(o)
+    d["word"] = measure.word(o, pauses)  # the outcome, with "resumed" for a request that paused and finished
+    d["pauses"] = [asdict(p) for p in pauses]
     d["tokens_received"] = len(o.tokens)
     d["tokens"] = list(o.tokens)
     d["token_t"] = [round(t, 5) for t in o.token_t]
@@ -34,7 +36,7 @@ def _outcome_json(o) -> dict:
 
 def _run_json(r: Run, wl: Workload, policy: str = "largest") -> dict:
     return {
-        "outcomes": [_outcome_json(o) for o in r.outcomes],
+        "outcomes": [_outcome_json(o, ps.get(o.slot, ())) for ps in [measure.pauses(r)] for o in r.outcomes],
         "overflows": [{**asdict(e), "off": e.off, "full": e.full} for e in measure.overflows(r, wl, policy)],
         "events": [asdict(e) for e in r.events],
         "alive_after": r.alive_after, "followup_ok": r.followup_ok, "exit_code": r.exit_code,
@@ -75,20 +77,25 @@ def to_json(res: Result) -> dict:
     return out
 
 
-def _cell(o) -> str:
-    return f"{o.outcome} {len(o.tokens)}/{o.n_predict}"
+def _cell(o, pauses=()) -> str:
+    cell = f"{measure.word(o, pauses)} {len(o.tokens)}/{o.n_predict}"
+    if pauses:
+        cell += " (paused at " + ", ".join(str(p.at_token) for p in pauses) + ")"
+    return cell
 
 
 def table_rows(wr: WorkloadResult, run: int = 0) -> list[list[str]]:
     """One row per slot: slot, prompt, base outcome, [candidate outcome], error (whose: error_cell)."""
     base = {o.slot: o for o in wr.base[run].outcomes} if wr.base else {}
     cand = {o.slot: o for o in wr.candidate[run].outcomes} if wr.candidate else {}
+    b_ps = measure.pauses(wr.base[run]) if wr.base else {}
+    c_ps = measure.pauses(wr.candidate[run]) if wr.candidate else {}
     rows = []
     for req in wr.workload.requests:
         b, c = base.get(req.slot), cand.get(req.slot)
-        row = [str(req.slot), str(len(req.prompt)), _cell(b) if b else "-"]
+        row = [str(req.slot), str(len(req.prompt)), _cell(b, b_ps.get(req.slot, ())) if b else "-"]
         if wr.candidate:
-            row.append(_cell(c) if c else "-")
+            row.append(_cell(c, c_ps.get(req.slot, ())) if c else "-")
         row.append(error_cell(b, c, bool(wr.candidate)))
         rows.append(row)
     return rows
