@@ -379,6 +379,14 @@ def preemption(run: Run, wl: Workload, control: Run | None, exact: bool = True) 
         checks.append(_check("parks-measured", n > 0,
                              f"{n} pause(s) measured in upstream's log: " + describe_pauses(ps) if n
                              else "no request paused while others went on: this run exercised no preemption"))
+    # the entry taken out at the park is made again at the same cell count: the slot resumed where it
+    # was (a lower count: cells or tokens lost, e.g. a recompute that forgot the generated tokens)
+    moved = [p for v in ps.values() for p in v if p.resumed and p.cells != p.cells_before]
+    if n:
+        checks.append(_check("resumes-where-paused", not moved,
+                             "; ".join(f"slot {p.slot}: paused holding {p.cells_before} cells, resumed holding {p.cells}"
+                                       for p in moved) if moved else
+                             "every resumed request came back holding the cells it held when it paused"))
     if control is None:
         checks.append(Check("streams-exact", "skip", "no control run"))
     else:

@@ -170,11 +170,13 @@ class Abandoned(Exception):
 
 def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
              release: Callable[[Callable[[], None]], None] | None = None,
-             abandon: Callable[[], bool] | None = None) -> list[Outcome]:
+             abandon: Callable[[], bool] | None = None,
+             flood: Callable[[], str | None] | None = None) -> list[Outcome]:
     """Send `reqs` and collect their outcomes. The requests that start first (smallest start_ms)
     are connected, then written together inside `release(write_all)` (the runner pauses the
     server around it); later ones are written at their start_ms. `abandon` is asked after
-    every wake-up; when it answers True the exchange raises Abandoned."""
+    every wake-up; when it answers True the exchange raises Abandoned. `flood` too: when it gives a
+    reason (the server spins without progress), every request still open ends as a timeout with it."""
     t0 = time.monotonic()
     pending = [Exchange(port, r, t0) for r in reqs]
     sel = selectors.DefaultSelector()
@@ -215,6 +217,11 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
                 key.data.on_readable()
             if abandon is not None and abandon():
                 raise Abandoned()
+            why = flood() if flood is not None and active else None
+            if why:
+                for x in active:
+                    if not x.finished:
+                        x.end("timeout", why)
             for x in [x for x in active if x.finished or time.monotonic() - x.t_last > timeout]:
                 if not x.finished:
                     x.end("timeout", f"no data for {timeout:.0f} s")

@@ -491,6 +491,7 @@ class Pause:
     idle_steps: int      # steps in the pause where no slot had an entry: a wait nothing excuses
     seconds: float | None  # the client's gap between the tokens around it (None: not streamed)
     resumed: bool = True
+    cells_before: int = -1  # the cells it held in its last entry before the pause (its entry taken out undecoded)
 
 
 def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
@@ -516,13 +517,13 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
         if o is None:
             continue
         ps = []
-        for (i, _), (j, cells) in zip(entries, entries[1:]):
+        for (i, before), (j, cells) in zip(entries, entries[1:]):
             missed = sum(busy[i + 1:j])
             if missed == 0:
                 continue
-            k = cells - o.prompt_tokens + 1
+            k = before - o.prompt_tokens + 1  # tokens streamed before the pause
             gap = o.token_t[k] - o.token_t[k - 1] if 0 < k < len(o.token_t) else None
-            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap))
+            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before))
         last_step, last_cells = entries[-1]
         if len(o.tokens) < o.n_predict and o.outcome != "errored":  # stopped, and no error ended it
             tail = busy[last_step + 1:]

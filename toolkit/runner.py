@@ -101,6 +101,21 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
     raise AssertionError("unreachable")
 
 
+# A verbose log past this size while requests wait means the server loops without progress (a slot
+# left processing that nothing advances: ~6 MB/s of "posting NEXT_RESPONSE", measured); a whole
+# suite workload logs ~1-10 MB. The open requests end as timeouts, with the reason.
+LOG_CAP = 128 << 20
+
+
+def _flooded(log_path: Path) -> str | None:
+    try:
+        size = log_path.stat().st_size
+    except OSError:
+        return None
+    return (f"the server's log passed {LOG_CAP >> 20} MB while this request waited: the server loops "
+            "without progress") if size > LOG_CAP else None
+
+
 # the pool probe leaves this many cells unused (its own 8 tokens and slack for the pool's padding)
 PROBE_SLACK = 24
 
@@ -132,7 +147,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
                 poller.start()
 
         try:
-            outcomes = exchange(ep.port, wl.requests, timeout, release=release)
+            outcomes = exchange(ep.port, wl.requests, timeout, release=release, flood=lambda: _flooded(log_path))
         finally:
             stop.set()
             if poller.is_alive():

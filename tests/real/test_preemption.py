@@ -1,0 +1,111 @@
+"""Issue 19: the preemption patches (park by swap, recompute) judged by what preemption promises,
+on real binaries: no request fails, each stream equals its control, the pool comes back empty,
+no wait while nothing runs, a resumed request comes back where it paused. Every broken variant
+(patches/*/patch.toml) is caught, and the test asserts the reason."""
+import re
+
+import git
+import pytest
+
+from toolkit import apply, build, measure, mutate, referee, source, verify, workload
+from toolkit.ui import UI
+
+
+def judge(tree, tmp_path, patch_name, names, policy="largest"):
+    repo = git.Repo(tree.path)
+    return verify.verify(repo, base_ref=source.BASELINE_TAG, patch_name=patch_name, policy=policy,
+                         workloads=[workload.load(n) for n in names], out_dir=tmp_path, ui=UI(quiet=True))
+
+
+def failures(res):
+    return [(v.workload, c.name, c.detail) for r in res.results for v in r.verdicts for c in v.checks
+            if c.status == "fail"]
+
+
+@pytest.mark.parametrize("version", ["0.3.35", "0.3.36"], ids=["C2", "D"])
+def test_a_parked_request_resumes_byte_identical_to_its_control(trees, tmp_path, version):
+    """Swap: the victim pauses (measured in upstream's log), comes back holding the cells it held,
+    and its stream equals the no-overflow control token for token, a sampler with state included."""
+    res = judge(trees(version), tmp_path, "park-slot", ["overflow-4", "preempt-penalty-4"])
+    assert res.expect == "preemption" and res.ok, failures(res)
+    for wr in res.results:
+        run = wr.candidate[0]
+        ps = measure.pauses(run)
+        assert ps and all(p.resumed and p.cells == p.cells_before for v in ps.values() for p in v), ps
+        words = {o.slot: measure.word(o, ps.get(o.slot, ())) for o in run.outcomes}
+        assert sorted(words.values()).count("resumed") == len(ps) and "errored" not in words.values(), words
+        checks = {c.name: c for v in wr.verdicts if v.side == "candidate" for c in v.checks}
+        assert checks["streams-exact"].status == "pass" and "resumed ones included" in checks["streams-exact"].detail
+        assert run.pool_probe == "completed"
+
+
+def test_recompute_resumes_exactly_on_the_tiny_model(c2, c2_base, tmp_path):
+    """Recompute re-prefills the victim's tokens in one batch where they were decoded one by one:
+    on CPU with the tiny model the resumed streams still equal the control (batch-invariant here;
+    `patchkit referee` reports the same column for any model)."""
+    res = judge(c2, tmp_path, "recompute-slot", ["overflow-4", "preempt-penalty-4"], policy="smallest")
+    assert res.ok, failures(res)
+    assert all(measure.parks(wr.candidate[0]) for wr in res.results)
+
+
+def broken(c2, tmp_path, patch_name, variant, wl):
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    right, an = apply.candidate_commit(repo, base, patch_name)
+    res = mutate.run_mutant(repo, base, variant, mutate.catalog(patch_name)[variant], [workload.load(wl)], repeat=1,
+                            right_tree=repo.commit(right).tree, layout=an.facts.layout, opts=build.Options(),
+                            out_dir=tmp_path, reuse={}, say=lambda s: None, progress=lambda s: None,
+                            patch_name=patch_name, judges=("suite",))
+    assert res.status == "killed", res
+    return {k.check: k.reason for k in res.kills}
+
+
+def test_resuming_one_position_back_is_refused_by_the_servers_own_batch_check(c2, c2_base, tmp_path):
+    k = broken(c2, tmp_path, "park-slot", "resume-wrong-position", "overflow-4")
+    assert re.search(r"slot \d: errored after \d+/240 tokens \(Invalid input batch\.\)", k["no-request-fails"]), k
+
+
+def test_a_sampler_that_starts_over_on_resume_shows_in_the_stream(c2, c2_base, tmp_path):
+    """Greedy sampling has no state to lose: the repetition-penalty workload has (its history)."""
+    k = broken(c2, tmp_path, "park-slot", "sampler-reset", "preempt-penalty-4")
+    m = re.search(r"slot (\d): differs from its control at token (\d+) \(after its pause at token (\d+)\)",
+                  k["streams-exact"])
+    assert m and int(m[2]) >= int(m[3]), k
+    assert "no-request-fails" not in k and "resumes-where-paused" not in k, k  # only the stream shows it
+
+
+def test_a_parked_slot_never_resumed_is_named_by_the_wait_bound(c2, c2_base, tmp_path):
+    k = broken(c2, tmp_path, "park-slot", "never-resumed", "overflow-4")
+    assert re.search(r"slot \d paused at token \d+: never resumed", k["waits-bounded"]), k
+    assert "loops without progress" in k["no-request-fails"], k  # stopped by the log cap, not a 120 s stall
+
+
+def test_a_park_that_keeps_the_cells_frees_nothing(c2, c2_base, tmp_path):
+    k = broken(c2, tmp_path, "park-slot", "cells-kept", "overflow-4")
+    assert re.search(r"errored after \d+/240 tokens \(Context size has been exceeded\.\)", k["no-request-fails"]), k
+
+
+def test_a_recompute_that_forgets_the_generated_tokens_resumes_elsewhere(c2, c2_base, tmp_path):
+    """The tiny model's next tokens barely depend on its context, so its stream matched the control;
+    upstream's log shows the resumed entry at the prompt's cell count, not where it paused."""
+    k = broken(c2, tmp_path, "recompute-slot", "history-dropped", "overflow-4")
+    m = re.search(r"slot (\d): paused holding (\d+) cells, resumed holding (\d+)", k["resumes-where-paused"])
+    assert m and int(m[3]) < int(m[2]), k
+
+
+def test_the_referee_table_measures_every_strategy_on_the_same_requests(c2, c2_base, tmp_path):
+    repo = git.Repo(c2.path)
+    entries = referee.parse(("base", "terminate:largest", "park:largest", "recompute:smallest"))
+    t = referee.referee(repo, source.resolve(repo, source.BASELINE_TAG), entries, [workload.load("overflow-4")],
+                        out_dir=tmp_path, say=lambda s: None)
+    rows = {r.entry: r for r in t.rows}
+    assert list(rows) == ["base", "terminate:largest", "park:largest", "recompute:smallest"]
+    assert rows["base"].completed == 0 and rows["base"].collateral == 3          # one overflow, four failed
+    assert rows["terminate:largest"].completed == 3 and rows["terminate:largest"].collateral == 0
+    for name in ("park:largest", "recompute:smallest"):
+        r = rows[name]
+        assert (r.completed, r.collateral, r.verdict) == (4, 0, "PASS") and r.parks >= 1, r
+        assert r.exact == "4/4", r
+    assert rows["park:largest"].recomputed == 0 < rows["recompute:smallest"].recomputed
+    paths = referee.write(t, tmp_path / "out")
+    assert "<svg" in paths["html"].read_text() and "| park:largest |" in paths["md"].read_text()
