@@ -152,7 +152,8 @@ def text_table(res: Result) -> str:
             ut = wr.upstream_test
             lines.append("  upstream's test_completion_unified rule on the same runs: " + "; ".join(
                 f"{sd.side}#{sd.run} {'PASS' if sd.upstream.ok else 'FAIL'} ({sd.upstream.asserted} assertions)"
-                for sd in ut.sides) + f"; patchkit tells the sides apart: {'yes' if ut.patchkit_separates else 'no'}")
+                for sd in ut.sides) + "; patchkit: base shows the bug (and fails as a fix), candidate passes: "
+                + ("yes" if ut.patchkit_separates else "no"))
         lines.append("")
     return "\n".join(lines)
 
