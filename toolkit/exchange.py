@@ -60,6 +60,8 @@ class Exchange:
             ("Content-Length", str(len(body))), ("Connection", "close")])) + self.conn.send(h11.Data(data=body)) \
             + self.conn.send(h11.EndOfMessage())
         self.status = self.error = self.stop_type = self.truncated = self.predicted = None
+        self.predicted_n = None
+        self.has_content = False
         self.t_start = 0.0
         self.t_first = None
         self.t_end: float | None = None  # set when the exchange ends
@@ -140,6 +142,9 @@ class Exchange:
     def _final(self, body: dict) -> None:
         self.stop_type, self.truncated = body.get("stop_type"), body.get("truncated")
         self.predicted = body.get("tokens_predicted")
+        self.has_content = "content" in body
+        timings = body.get("timings")
+        self.predicted_n = timings.get("predicted_n") if isinstance(timings, dict) else None
 
     def _finish(self) -> None:
         if self.status != 200:
@@ -161,7 +166,8 @@ class Exchange:
         t_end = self.t_end if self.t_end is not None else time.monotonic() - self.t0
         return Outcome(self.req.slot, self.kind or "timeout", self.status, self.error, self.done, self.stop_type,
                        self.truncated, self.predicted, tuple(self.tokens), len(self.req.prompt), self.req.n_predict,
-                       self.t_start, self.t_first, t_end, tuple(self.token_t), tuple(self.notices))
+                       self.t_start, self.t_first, t_end, tuple(self.token_t), tuple(self.notices),
+                       has_content=self.has_content, predicted_n=self.predicted_n)
 
 
 class Abandoned(Exception):

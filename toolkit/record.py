@@ -29,6 +29,10 @@ class Outcome:
     # SSE comment lines the server sent in the stream (e.g. "preempted", "resumed"), each with the
     # number of tokens received before it
     notices: tuple[tuple[str, int], ...] = ()
+    # what llama.cpp's own server tests read from the final body (upstream_unified.py applies their
+    # rule): whether it has "content", and its timings.predicted_n (None: the body had no timings)
+    has_content: bool = False
+    predicted_n: int | None = None
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,19 @@ def to_json(res: Result) -> dict:
                           "checks": [asdict(c) for c in v.checks]} for v in wr.verdicts],
             "goodput": {"base": asdict(gp_b) if gp_b else None, "candidate": asdict(gp_c) if gp_c else None},
         }
+        if wr.upstream_test:
+            out["workloads"][wr.workload.name]["upstream_test"] = upstream_test_json(wr.upstream_test)
     return out
+
+
+def upstream_test_json(cmp) -> dict:
+    """Upstream's unified-pool test on the same requests (upstream_unified.Comparison)."""
+    return {"test": cmp.test, "case": asdict(cmp.case), "upstream_passes_both": cmp.upstream_passes_both,
+            "patchkit_separates": cmp.patchkit_separates,
+            "sides": [{"side": sd.side, "run": sd.run, "outcomes": list(sd.outcomes),
+                       "upstream": asdict(sd.upstream), "patchkit_ok": sd.patchkit_ok,
+                       "patchkit": [asdict(c) for c in sd.patchkit], "measured": sd.measured,
+                       "as_candidate": [asdict(c) for c in sd.as_candidate]} for sd in cmp.sides]}
 
 
 def _cell(o, pauses=()) -> str:
@@ -136,6 +148,12 @@ def text_table(res: Result) -> str:
             lines.append("  evictions (measured): " + "; ".join(
                 ", ".join(f"slot {s} ({e.at(s).cells} cells)" for s in e.terminated) + f" at off={e.off}"
                 for e in ev))
+        if wr.upstream_test:
+            ut = wr.upstream_test
+            lines.append("  upstream's test_completion_unified rule on the same runs: " + "; ".join(
+                f"{sd.side}#{sd.run} {'PASS' if sd.upstream.ok else 'FAIL'} ({sd.upstream.asserted} assertions)"
+                for sd in ut.sides) + "; patchkit: base shows the bug (and fails as a fix), candidate passes: "
+                + ("yes" if ut.patchkit_separates else "no"))
         lines.append("")
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ import git
 from .errors import UsageError
 
 from . import build as build_mod
-from . import compare, measure, model
+from . import compare, measure, model, upstream_unified
 from .record import Run
 from .runner import run as run_workload
 from .workload import Workload
@@ -33,6 +33,9 @@ class WorkloadResult:
     verdicts: tuple[compare.Verdict, ...]
     model: str = "tiny"
     model_sha256: str = ""
+    # upstream-unified only: llama.cpp's own test's rule on the same runs, beside patchkit's verdict
+    # (shown in the reports; it decides nothing: `ok` is patchkit's verdicts alone)
+    upstream_test: upstream_unified.Comparison | None = None
 
     @property
     def ok(self) -> bool:
@@ -152,8 +155,11 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
             if k < len(cand_runs):
                 verdicts.append(compare.judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
                                               expect=applied, base_reference=base_reference))
+        side_by_side = (upstream_unified.compare_runs(wl, tuple(base_runs), tuple(cand_runs), tuple(verdicts), policy)
+                        if wl.name == upstream_unified.WORKLOAD and applied == "eviction" and not base_reference
+                        else None)
         res = WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts),
-                             model_name or wl.model, tiny.sha256)
+                             model_name or wl.model, tiny.sha256, side_by_side)
         say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
