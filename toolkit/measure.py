@@ -498,8 +498,8 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
     """Every pause of every workload request (slot -> pauses, in order). A slot whose entries stop
     before its request ended and never come back has one last pause with resumed=False."""
     first: dict[int, int] = {}
-    seen: dict[int, list[tuple[int, int]]] = {}  # slot -> (step index, cells) of each entry
-    busy: list[bool] = []                          # per step: did any slot have an entry
+    seen: dict[int, list[list[int]]] = {}  # slot -> [step index, cells, sampled] of each entry
+    busy: list[bool] = []                  # per step: did any slot have an entry
     step = -1
     for t in run.trace:
         if t.kind == "launch":
@@ -509,7 +509,9 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
             busy.append(False)
         elif t.kind == "entry" and first.get(t.slot) == t.task and step >= 0:
             busy[step] = True
-            seen.setdefault(t.slot, []).append((step, t.value))
+            seen.setdefault(t.slot, []).append([step, t.value, 0])
+        elif t.kind == "token" and first.get(t.slot) == t.task and seen.get(t.slot):
+            seen[t.slot][-1][2] = 1  # a sample followed: the entry was decoded (one cell more)
     outs = {o.slot: o for o in run.outcomes}
     out: dict[int, tuple[Pause, ...]] = {}
     for slot, entries in seen.items():
@@ -517,14 +519,17 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
         if o is None:
             continue
         ps = []
-        for (i, before), (j, cells) in zip(entries, entries[1:]):
+        for (i, cells_i, sampled), (j, cells, _) in zip(entries, entries[1:]):
             missed = sum(busy[i + 1:j])
             if missed == 0:
                 continue
+            # what it held when it paused: its last entry's cells, plus that entry if it was decoded
+            # (parked at an offset past it); an entry taken out undecoded is made again on resume
+            before = cells_i + sampled
             k = before - o.prompt_tokens + 1  # tokens streamed before the pause
             gap = o.token_t[k] - o.token_t[k - 1] if 0 < k < len(o.token_t) else None
             ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before))
-        last_step, last_cells = entries[-1]
+        last_step, last_cells, _ = entries[-1]
         if len(o.tokens) < o.n_predict and o.outcome != "errored":  # stopped, and no error ended it
             tail = busy[last_step + 1:]
             ps.append(Pause(slot, last_cells - o.prompt_tokens + 1, last_cells, sum(tail),

@@ -1,0 +1,201 @@
+"""Issue 19, pure logic: pauses read from upstream's log, the preemption expectations (each can
+fail, for its reason), the park/recompute renders and the referee's strategy list."""
+import dataclasses
+
+import pytest
+
+from toolkit import compare, measure, patch, referee, workload
+from toolkit.errors import LayoutError, UsageError
+from toolkit.record import Outcome, Run, Trace
+
+PROMPT = 10
+WL = workload.load("overflow-4")
+
+
+def run(park_at=3, back_after=2, resume_cells=None, idle=0, never=False, n=10, probe="completed"):
+    """Two slots, prompt 10 each, n tokens each (the first sampled with the prompt); slot 0's entry
+    is taken out undecoded at step `park_at` and made again `back_after` steps later (`idle` empty
+    steps in between)."""
+    trace = [Trace("launch", 0, 100), Trace("launch", 1, 101), Trace("token", 0, 100, 1, 5), Trace("token", 1, 101, 1, 5)]
+    got = {0: [5], 1: [5]}  # the first token, sampled with the prompt
+    times = {0: [0.0], 1: [0.0]}
+    t, parked_until = 0.0, None
+    for k in range(100):
+        if len(got[1]) >= n and (len(got[0]) >= n or (never and parked_until is not None)):
+            break
+        trace.append(Trace("step"))
+        t += 0.01
+        if parked_until is not None and idle:
+            trace += [Trace("step")] * idle
+            idle = 0
+        for slot in (0, 1):
+            have = got[slot]
+            if len(have) >= n or (slot == 0 and parked_until is not None and (never or k < parked_until)):
+                continue
+            back = slot == 0 and parked_until is not None
+            cells = resume_cells if back and resume_cells is not None else PROMPT + len(have) - 1
+            trace.append(Trace("entry", slot, 100 + slot, cells, have[-1]))
+            if back:
+                parked_until = None
+            elif slot == 0 and k == park_at:
+                parked_until = k + back_after + 1
+                continue  # taken out undecoded: no sample
+            have.append(7 + (len(have) % 3))
+            times[slot].append(t + (0.5 if back else 0.0))
+            trace.append(Trace("token", slot, 100 + slot, len(have), have[-1]))
+    outs = tuple(Outcome(s, "completed" if len(got[s]) == n else "timeout", 200, None, True, "limit", False, n,
+                         tuple(got[s]), PROMPT, n, 0.0, 0.01, t,
+                         tuple(times[s])) for s in (0, 1))
+    return Run("overflow-4", outs, (), (), True, True, None, t, "log", pool=64, trace=tuple(trace), pool_probe=probe)
+
+
+def checks(r, control=None):
+    control = control or run(park_at=99)
+    return {c.name: c for c in compare.preemption(r, WL, control)}
+
+
+def test_a_pause_is_read_from_the_log_with_where_it_happened():
+    ps = measure.pauses(run())
+    (p,) = ps[0]
+    assert (p.slot, p.at_token, p.cells, p.cells_before, p.resumed, p.idle_steps) == (0, 4, 13, 13, True, 0)
+    assert p.steps == 2 and p.seconds is not None and p.seconds >= 0.5
+    assert 1 not in ps
+    assert measure.word(run().outcomes[0], ps[0]) == "resumed" and measure.word(run().outcomes[1]) == "completed"
+
+
+def test_a_run_without_a_pause_has_none():
+    assert measure.pauses(run(park_at=99)) == {} and not measure.parks(run(park_at=99))
+
+
+def test_the_right_preemption_passes_every_check():
+    c = checks(run())
+    assert all(x.status == "pass" for x in c.values()), c
+    assert "resumed ones included (slots [0])" in c["streams-exact"].detail
+
+
+def test_resuming_elsewhere_fails_with_both_cell_counts():
+    c = checks(run(resume_cells=PROMPT))
+    assert c["resumes-where-paused"].status == "fail"
+    assert c["resumes-where-paused"].detail == "slot 0: paused holding 13 cells, resumed holding 10"
+
+
+def test_a_wait_while_nothing_runs_breaks_the_bound():
+    c = checks(run(idle=5))
+    assert c["waits-bounded"].status == "fail" and "5 step(s) with nothing running (bound 2)" in c["waits-bounded"].detail
+
+
+def test_a_request_never_resumed_fails_twice_for_two_reasons():
+    c = checks(run(never=True))
+    assert c["no-request-fails"].status == "fail" and "slot 0: timeout after 4/10" in c["no-request-fails"].detail
+    assert "never resumed" in c["waits-bounded"].detail and c["waits-bounded"].status == "fail"
+
+
+def test_a_stream_that_differs_from_its_control_is_placed_against_its_pause():
+    r = run()
+    wrong = r.outcomes[0].tokens[:6] + (99,) + r.outcomes[0].tokens[7:]
+    c = checks(dataclasses.replace(r, outcomes=(dataclasses.replace(r.outcomes[0], tokens=wrong), r.outcomes[1])))
+    assert c["streams-exact"].status == "fail"
+    assert c["streams-exact"].detail == "slot 0: differs from its control at token 6 (after its pause at token 4)"
+
+
+def test_cells_that_do_not_come_back_fail_the_pool_probe():
+    c = checks(run(probe="errored: Context size has been exceeded."))
+    assert c["pool-returns-empty"].status == "fail" and "Context size has been exceeded" in c["pool-returns-empty"].detail
+
+
+def test_an_overflow_workload_that_parked_nobody_exercised_nothing():
+    c = checks(run(park_at=99))
+    assert c["parks-measured"].status == "fail" and "exercised no preemption" in c["parks-measured"].detail
+
+
+def test_an_undecoded_entry_made_again_is_one_sample_not_a_skipped_one():
+    """upstream's log shows the parked slot's entry twice (taken out, made again at the same cell
+    count): one decode, one sample; a re-entry one cell later would be a step without a sample."""
+    assert compare.sampling(run()).status == "pass"
+
+
+# ------------------------------------------------------------------ renders
+
+SRC = b"""enum slot_state {
+    SLOT_STATE_IDLE,
+    SLOT_STATE_GENERATING,
+};
+
+struct server_context {
+    void update_slots() {
+        try {
+            pre_decode();
+        } catch (...) {
+        }
+    }
+
+    bool decode(int32_t & n_batch, int32_t off) {
+        if (n_batch == 1 && ret == 1) {
+            err = "Context size has been exceeded.";
+        }
+        return true;
+    }
+};
+"""
+
+
+def facts(**kw):
+    base = dict(layout="C2", file="tools/server/server-context.cpp", handler="decode", off="off", ctx="ctx_tgt",
+                n_batch="n_batch", retry="return false;", batch_model="tokens", has_embd=True, has_tokens_ptr=True,
+                slot_batched_member=True, has_spec_i_batch=True, terminate="send_error(slot, err);",
+                frees_cells=True, cache_tokens="prompt.tokens", task_id="(SLOT->task ? SLOT->task->id : -1)",
+                surgery_at=SRC.index(b"struct server_context"), helper_at=SRC.index(b"    bool decode"),
+                helper_indent="    ", hook_at=SRC.index(b"ret == 1) {") + len(b"ret == 1) {"),
+                hook_indent="            ", enum_at=SRC.index(b"};"), enum_indent="    ",
+                resume_at=SRC.index(b"        try {"), resume_indent="        ")
+    base.update(kw)
+    return patch.Facts(**base)
+
+
+@pytest.mark.parametrize("name", ["park-slot", "recompute-slot"])
+@pytest.mark.parametrize("policy", ["largest", "smallest", "newest", "not-leader-smallest"])
+def test_the_preemption_patches_render_every_policy_and_are_recognised(name, policy):
+    spec = patch.load_patch(name)
+    out = patch.render(SRC, facts(), spec, stage=1, policy=policy).decode()
+    assert out.index("SLOT_STATE_PREEMPTED,") < out.index("};")                    # the new state, in the enum
+    assert out.index("resume_parked_slots();") < out.index("pre_decode();")       # before the batch is built
+    assert out.count("park_one_slot(") == 2 and "patchkit" not in out.lower()
+    assert ("llama_state_seq_get_data_ext" in out) == (name == "park-slot")       # swap copies, recompute decodes
+    assert ("llama_decode(c, b)" in out) == (name == "recompute-slot")
+    assert patch.state(out, spec) == "applied" and patch.state(SRC.decode(), spec) == "clean"
+    assert patch.state(out, patch.load_patch()) == "partial"  # the eviction's surgery, not its helper
+
+
+def test_a_layout_without_a_pre_decode_step_is_refused_with_the_layouts_that_have_one():
+    with pytest.raises(LayoutError, match="layouts C2 and D"):
+        patch.render(SRC, facts(resume_at=-1), patch.load_patch("park-slot"), stage=1)
+
+
+def test_each_broken_variant_flips_one_switch_and_renders_differently():
+    for name in ("park-slot", "recompute-slot"):
+        spec = patch.load_patch(name)
+        right = patch.render(SRC, facts(), spec, stage=1)
+        for v in spec.variants:
+            assert patch.render(SRC, facts(), spec, stage=1, variant=v) != right, (name, v)
+
+
+def test_the_referee_refuses_what_it_cannot_run():
+    assert [e.label for e in referee.parse(("base", "park", "recompute:newest"))] == \
+        ["base", "park:largest", "recompute:newest"]
+    with pytest.raises(UsageError, match="unknown strategy 'swap'"):
+        referee.parse(("swap:largest",))
+    with pytest.raises(UsageError, match="terminate offers the policies largest, smallest, newest"):
+        referee.parse(("terminate:not-leader-smallest",))
+    with pytest.raises(UsageError, match="the base has no policy"):
+        referee.parse(("base:largest",))
+
+
+def test_the_referee_row_counts_collateral_beyond_one_victim_per_overflow():
+    r = run()
+    control = run(park_at=99)
+    row = referee.row(referee.Entry("park", "largest"), WL, r, control, None, "preemption")
+    assert (row.completed, row.total, row.collateral, row.parks, row.most_parks, row.exact) == (2, 2, 0, 1, 1, "2/2")
+    assert row.recomputed == 0 and row.longest_pause_s >= 0.5
+    rec = referee.row(referee.Entry("recompute", "largest"), WL, r, control, None, "preemption")
+    assert rec.recomputed == 13  # the cells it held, recomputed on resume
+    assert dataclasses.replace(row, verdict="FAIL").verdict == "FAIL"
