@@ -282,6 +282,9 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
 @click.option("--repo", type=click.Path(file_okay=False), help="llama.cpp checkout (default: the fetched tree).")
 @click.option("--base", "base_ref", default=None, help="The unpatched base (default: HEAD; the baseline tag on the "
               "fetched tree).")
+@click.option("--patch", "patch_name", default="evict-largest-slot", show_default=True,
+              help="Whose catalog: the eviction patch's mutants, or a preemption patch's broken variants "
+              "(park-slot, recompute-slot), each judged by that patch's own expectations.")
 @click.option("--mutant", "names", multiple=True, help="A mutant of the catalog; repeatable (default: all).")
 @click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
               "the default suite plus the campaign's separating workloads).")
@@ -290,7 +293,7 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
               help="Where mutants.json and the server logs go (default: ./patchkit-mutants).")
 @click.option("--list", "list_only", is_flag=True, help="Print the catalog and exit.")
 @click.option("--json", "as_json", is_flag=True)
-def mutants_cmd(repo, base_ref, names, workloads, repeat, report_dir, list_only, as_json) -> None:
+def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir, list_only, as_json) -> None:
     """Run the mutation campaign: how many wrong patches does the verdict kill?
 
     Each mutant is the eviction patch with one structural switch flipped (a wrong victim
@@ -306,13 +309,17 @@ def mutants_cmd(repo, base_ref, names, workloads, repeat, report_dir, list_only,
       patchkit mutants --list
       patchkit mutants                                   # default tree, whole catalog
       patchkit mutants --repo T --mutant victim-by-prompt --mutant entries-kept --json
+      patchkit mutants --patch park-slot --repeat 3       # the preemption patch's broken variants
     """
     from dataclasses import asdict
 
     from . import mutate
     from . import verify as pipeline
 
-    cat = mutate.catalog()
+    from . import patch as patch_mod
+
+    patch_mod.load_patch(patch_name)  # an unknown name is refused with the known ones
+    cat = mutate.catalog(patch_name)
     if list_only:
         for n, m in cat.items():
             click.echo(f"{n:22} {m.get('class', ''):18} killer {m.get('killer', '-'):24} {m.get('what', '')}")
@@ -322,10 +329,12 @@ def mutants_cmd(repo, base_ref, names, workloads, repeat, report_dir, list_only,
     if base_ref is None and not repo:
         base_ref = source.BASELINE_TAG
     base = source.resolve(r, base_ref)
-    wls = [workload.load(w) for w in (workloads or pipeline.SUITE + mutate.EXTRA)]
+    default = mutate.PREEMPTION_WORKLOADS if patch_mod.load_patch(patch_name).expect == "preemption" \
+        else pipeline.SUITE + mutate.EXTRA
+    wls = [workload.load(w) for w in (workloads or default)]
     out_dir = (report_dir or Path("patchkit-mutants")).resolve()
     res = mutate.campaign(r, base, list(names or cat), wls, repeat=repeat, out_dir=out_dir / "logs", say=ui.say,
-                          progress=ui.progress)
+                          progress=ui.progress, patch_name=patch_name)
     killed, judged = mutate.score(res)
     doc = {"base": base, "score": {"killed": killed, "judged": judged}, "mutants": [asdict(x) for x in res]}
     out_dir.mkdir(parents=True, exist_ok=True)

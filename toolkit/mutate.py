@@ -27,6 +27,9 @@ from .workload import Workload
 
 # Workloads the campaign adds to the default suite: each separates what a wrong patch could
 # confuse (docs/DESIGN.md, "Verdict strength").
+# The preemption patches' broken variants: the baseline overflow, and the same with a sampler that
+# carries state (a repetition penalty), which greedy sampling alone does not.
+PREEMPTION_WORKLOADS = ["overflow-4", "preempt-penalty-4"]
 EXTRA = ["swa-overflow-4", "hybrid-overflow-4"]
 
 
@@ -72,8 +75,12 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
                say: Callable[[str], None], progress: Callable[[str], None],
                patch_name: str = patch_mod.DEFAULT_PATCH,
                judges: tuple[str, ...] = ("static", "property", "suite")) -> MutantResult:
-    """One mutant, judged by `judges` (all three for the campaign; a test may ask for one)."""
+    """One mutant, judged by `judges` (all three for the campaign; a test may ask for one). The
+    static checks and the property harness read the eviction patch's code: a preemption patch's
+    variants are judged by the suite (its own expectations) alone."""
     t0 = time.monotonic()
+    if patch_mod.load_patch(patch_name).expect != "eviction":
+        judges = tuple(j for j in judges if j == "suite")
 
     def result(status: str, kills=(), note="") -> MutantResult:
         return MutantResult(name, meta.get("class", ""), meta.get("what", ""), meta.get("killer", ""), layout,
