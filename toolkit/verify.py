@@ -76,9 +76,6 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
     each workload's control and base runs are made once and shared by every candidate.
     `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`)."""
-    # a preempting candidate has no eviction shape to wait for (every start is judged anyway); every
-    # candidate run ends with the pool probe (did every cell come back: the preemption's promise)
-    preempting = expect == "preemption" or (expect == "auto" and evicting_patch and patch_expect == "preemption")
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -127,7 +124,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                 cand_runs.append(run_workload(cand_bin.binary, tiny.path, wl,
                                               work_dir / f"{wl.name}.candidate.{k}.log",
                                               draft=draft.path if draft else None, policy=policy,
-                                              want_shape=not preempting, probe_pool=True))
+                                              probe_pool=True))  # every cell back: preemption's promise
         if reuse is not None:
             reuse[(str(base_bin.binary), wl.name, repeat)] = (control, base_runs)
         recorded.append((wl, tiny, control, base_runs, cand_runs))
