@@ -387,6 +387,10 @@ def preemption(run: Run, wl: Workload, control: Run | None, exact: bool = True) 
                              "; ".join(f"slot {p.slot}: paused holding {p.cells_before} cells, resumed holding {p.cells}"
                                        for p in moved) if moved else
                              "every resumed request came back holding the cells it held when it paused"))
+    if n:
+        unfreed = measure.unfreed_parks(run)
+        checks.append(_check("parks-free-cells", not unfreed, "; ".join(unfreed) if unfreed else
+                             "after every park the retry at the same offset found the cells it freed"))
     if control is None:
         checks.append(Check("streams-exact", "skip", "no control run"))
     else:

@@ -492,6 +492,7 @@ class Pause:
     seconds: float | None  # the client's gap between the tokens around it (None: not streamed)
     resumed: bool = True
     cells_before: int = -1  # the cells it held in its last entry before the pause (its entry taken out undecoded)
+    step: int = -1          # the server step it was parked in (its last entry's)
 
 
 def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
@@ -528,15 +529,51 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
             before = cells_i + sampled
             k = before - o.prompt_tokens + 1  # tokens streamed before the pause
             gap = o.token_t[k] - o.token_t[k - 1] if 0 < k < len(o.token_t) else None
-            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before))
+            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before, step=i))
         last_step, last_cells, _ = entries[-1]
         if len(o.tokens) < o.n_predict and o.outcome != "errored":  # stopped, and no error ended it
             tail = busy[last_step + 1:]
             ps.append(Pause(slot, last_cells - o.prompt_tokens + 1, last_cells, sum(tail),
-                            len(tail) - sum(tail), None, resumed=False))
+                            len(tail) - sum(tail), None, resumed=False, cells_before=last_cells, step=last_step))
         if ps:
             out[slot] = tuple(ps)
     return out
+
+
+def unfreed_parks(run: Run) -> list[str]:
+    """A park must give the pool its victim's cells: after it the server retries the same offset
+    with the entries left, and a second exhaustion there is explained only when those entries
+    outnumber the cells freed. Read from upstream's log: per step, its entries in batch order and
+    its retries ("retrying with smaller batch size, off = X, n_batch = 1" precedes each exhaustion
+    at n_batch 1), and the pauses that began in that step (their cells, measured)."""
+    ps = [p for v in pauses(run).values() for p in v]
+    first: dict[int, int] = {}
+    steps: list[tuple[list[int], list[tuple[int, int]]]] = []  # per step: entries' slots, retries (off, n_batch)
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            steps.append(([], []))
+        elif steps and t.kind == "entry" and first.get(t.slot) == t.task:
+            steps[-1][0].append(t.slot)
+        elif steps and t.kind == "retry":
+            steps[-1][1].append((t.value, t.token))
+    problems = []
+    for k, (entries, retries) in enumerate(steps):
+        parked = [p for p in ps if p.step == k]
+        if not parked:
+            continue
+        for off in dict.fromkeys(o for o, n in retries if n == 1):
+            exhausted = sum(1 for o, n in retries if o == off and n == 1)
+            gone = [p for p in parked if p.slot in entries and entries.index(p.slot) >= off]
+            if exhausted < 2 or not gone:
+                continue
+            victim = max(gone, key=lambda p: p.cells_before)
+            left = sum(1 for i, s in enumerate(entries) if i >= off and s != victim.slot)
+            if victim.cells_before >= left:
+                problems.append(f"slot {victim.slot} was parked holding {victim.cells_before} cells, yet the retry at "
+                                f"off {off} with {left} entries left ran out again: its cells did not come back")
+    return problems
 
 
 def word(o: Outcome, ps: tuple[Pause, ...] = ()) -> str:

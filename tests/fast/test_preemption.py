@@ -108,6 +108,22 @@ def test_an_overflow_workload_that_parked_nobody_exercised_nothing():
     assert c["parks-measured"].status == "fail" and "exercised no preemption" in c["parks-measured"].detail
 
 
+def with_exhaustions(r, n):
+    """`n` exhaustions at off 0 in the park's step (upstream's retry line at n_batch 1 before each)."""
+    trace = list(r.trace)
+    at = [i for i, t in enumerate(trace) if t.kind == "step"][3] + 1
+    trace[at:at] = [Trace("retry", value=0, token=1)] * n
+    return dataclasses.replace(r, trace=tuple(trace))
+
+
+def test_a_park_whose_cells_do_not_come_back_shows_in_the_retry_after_it():
+    assert measure.unfreed_parks(with_exhaustions(run(), 1)) == []
+    c = checks(with_exhaustions(run(), 2))
+    assert c["parks-free-cells"].status == "fail"
+    assert c["parks-free-cells"].detail == ("slot 0 was parked holding 13 cells, yet the retry at off 0 with 1 "
+                                            "entries left ran out again: its cells did not come back")
+
+
 def test_an_undecoded_entry_made_again_is_one_sample_not_a_skipped_one():
     """upstream's log shows the parked slot's entry twice (taken out, made again at the same cell
     count): one decode, one sample; a re-entry one cell later would be a step without a sample."""

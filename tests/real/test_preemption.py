@@ -81,9 +81,16 @@ def test_a_parked_slot_never_resumed_is_named_by_the_wait_bound(c2, c2_base, tmp
     assert "loops without progress" in k["no-request-fails"], k  # stopped by the log cap, not a 120 s stall
 
 
-def test_a_park_that_keeps_the_cells_frees_nothing(c2, c2_base, tmp_path):
-    k = broken(c2, tmp_path, "park-slot", "cells-kept", "overflow-4")
-    assert re.search(r"errored after \d+/240 tokens \(Context size has been exceeded\.\)", k["no-request-fails"]), k
+@pytest.mark.parametrize("patch_name", ["park-slot", "recompute-slot"])
+def test_a_park_that_keeps_the_cells_frees_nothing(c2, c2_base, tmp_path, patch_name):
+    """Nothing is freed, so the retry after the park runs out again: every slot is parked in turn
+    and all fail; or, when the last one standing was decoded below the offset, the failed resume's
+    clean-up frees the cells a step later and everyone completes, but upstream's log still shows
+    the second exhaustion at the same offset after the park."""
+    k = broken(c2, tmp_path, patch_name, "cells-kept", "overflow-4")
+    assert (re.search(r"errored after \d+/240 tokens \(Context size has been exceeded\.\)", k.get("no-request-fails", ""))
+            or re.search(r"parked holding \d+ cells, yet the retry at off \d+ .* did not come back",
+                         k.get("parks-free-cells", ""))), k
 
 
 def test_a_recompute_that_forgets_the_generated_tokens_resumes_elsewhere(c2, c2_base, tmp_path):
