@@ -394,7 +394,7 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, report_dir, a
     else:
         click.echo(ref_mod.markdown(table))
         click.echo("reports: " + " ".join(str(p) for p in paths.values()))
-    sys.exit(0 if all(row.verdict == "PASS" for row in table.rows) else 1)
+    sys.exit(0 if all(row.verdict != "FAIL" for row in table.rows) else 1)
 
 
 @cli.command("export")

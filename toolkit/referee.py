@@ -121,7 +121,7 @@ def row(entry: Entry, wl: Workload, run: Run, control: Run | None, verdict, expe
                sum(p.cells for p in all_p if p.resumed) if recompute else 0,
                round(max((p.seconds or 0.0 for p in all_p), default=0.0), 3),
                max((len(v) for v in ps.values()), default=0), exact,
-               "PASS" if verdict is None or verdict.ok else "FAIL", expect,
+               "-" if verdict is None else "PASS" if verdict.ok else "FAIL", expect,
                tuple(f"{c.name}: {c.detail}" for c in (verdict.checks if verdict else ()) if c.status == "fail"))
 
 

@@ -102,6 +102,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     t_runs = time.monotonic()
     for wl in workloads:
         tiny = models[model_name or wl.model]
+        wl = model.adapt(wl, model_name or wl.model)
         control = None
         shared = reuse.get((str(base_bin.binary), wl.name, repeat)) if reuse is not None else None
         if shared:
