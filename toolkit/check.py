@@ -70,7 +70,7 @@ def compile_tu(cmd: codeindex.CompileCommand) -> proc.Result:
         return proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
 
 
-def static_checks(tu, facts_like: dict) -> list[Check]:
+def static_checks(tu, facts_like: dict, helper_name: str = patch.HELPER) -> list[Check]:
     """Presence of the patched helper and of the code implementing each invariant (module doc):
     `hook-called` counts call expressions in the AST; the others look for the statements in the
     helper's and surgery's tokens. A pass says the code is there, not that it is right."""
@@ -87,15 +87,15 @@ def static_checks(tu, facts_like: dict) -> list[Check]:
     for _, m in methods:
         if m.spelling == patch.SURGERY:    # a server_batch member
             surgery_toks = "".join(t.spelling for t in m.get_tokens())
-        elif m.spelling == patch.HELPER:
+        elif m.spelling == helper_name:
             helper = m
-        elif patch.HELPER.encode() in source[m.extent.start.offset:m.extent.end.offset]:
-            hook_calls += sum(1 for c in m.walk_preorder() if c.kind == K.CALL_EXPR and c.spelling == patch.HELPER)
+        elif helper_name.encode() in source[m.extent.start.offset:m.extent.end.offset]:
+            hook_calls += sum(1 for c in m.walk_preorder() if c.kind == K.CALL_EXPR and c.spelling == helper_name)
     if helper is None:
-        return [Check("helper-present", "fail", f"{patch.HELPER}() not found in the patched TU")]
+        return [Check("helper-present", "fail", f"{helper_name}() not found in the patched TU")]
     toks = "".join(t.spelling for t in helper.get_tokens()) + surgery_toks
     checks = [Check("hook-called", "pass" if hook_calls == 1 else "fail",
-                    f"{patch.HELPER}() called {hook_calls} time(s) from the decode handler (AST)")]
+                    f"{helper_name}() called {hook_calls} time(s) from the decode handler (AST)")]
     removes_tokens = "tokens.resize(" in toks or "n_tokens=n_new" in toks
     checks.append(Check("removes-entries", "pass" if removes_tokens else "fail",
                         "present: the batch is shrunk (tokens.resize / n_tokens = n_new)" if removes_tokens
@@ -158,7 +158,7 @@ def _check(repo: git.Repo, commit: str, ws, spec, progress, compile: bool) -> Ch
             batch, slot = structs.get("server_batch", {}), structs.get("server_slot", {})
             facts = {"has_embd": "has_embd" in batch and "embd" in batch, "has_tokens_ptr": "tokens_ptr" in batch,
                      "has_spec_i_batch": "spec_i_batch" in slot}
-            box["static"] = static_checks(tu, facts)
+            box["static"] = static_checks(tu, facts, spec.helper)
         except Exception as e:  # reported as a failed check, never lost
             box["static"] = [Check("libclang-parse", "fail", f"{type(e).__name__}: {e}")]
         box["parse_s"] = time.monotonic() - t

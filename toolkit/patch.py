@@ -86,6 +86,7 @@ class PatchSpec:
     params: dict = field(default_factory=dict)  # fixed template parameters of this patch (e.g. mode)
     policy_what: dict = field(default_factory=lambda: dict(POLICY_WHAT))
     expect: str = "eviction"       # the expectations its verdicts apply (compare.py)
+    layouts: tuple[str, ...] = ()  # the layouts it is written for (empty: every layout the anchors allow)
 
 
 def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
@@ -106,7 +107,8 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
     return PatchSpec(d["name"], d["summary"], tuple(d["policies"]),
                      tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}),
                      PATCHES_DIR / d.get("templates", name), helper, definitions, switches, d.get("params", {}),
-                     {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"))
+                     {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"),
+                     tuple(d.get("layouts", ())))
 
 
 def all_policies() -> list[str]:
@@ -416,6 +418,10 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
         params.update({k: v for k, v in spec.variants[variant].items() if k in spec.switches})
         if params == spec.switches:
             raise UsageError(f"variant '{variant}' flips no switch: it would render the right patch.")
+    if spec.layouts and facts.layout not in spec.layouts:
+        raise LayoutError(f"{facts.file}: layout {facts.layout}; '{spec.name}' is written for layouts "
+                          f"{' and '.join(spec.layouts)} (their slot memory and prompt API: a pre_decode() step, "
+                          "prompt_clear(), common_memory); nothing was written.")
     env = templates(spec)
     ctx = dict(f=facts, helper=spec.helper, surgery=SURGERY, policy=policy, stage=stage, **spec.params, **params)
     extra = []  # (at, text): the parts only some families have
@@ -426,7 +432,7 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
         if at < 0:
             raise LayoutError(f"{facts.file}: layout {facts.layout} has no place for '{spec.name}' "
                               f"({'enum slot_state' if part.startswith('state') else 'a pre_decode() step in update_slots'}); "
-                              "the preemption patches apply to layouts C2 and D.")
+                              "the preemption patches are written for layouts C2 and D.")
         extra.append((at, textwrap.indent(env.get_template(part).render(**ctx), indent, lambda l: l.strip() != "")))
     surgery = env.get_template("surgery.cpp.j2").render(**ctx)
     helper = env.get_template("helper.cpp.j2").render(**ctx)

@@ -183,7 +183,7 @@ def test_the_preemption_patches_render_every_policy_and_are_recognised(name, pol
 
 
 def test_a_layout_without_a_pre_decode_step_is_refused_with_the_layouts_that_have_one():
-    with pytest.raises(LayoutError, match="layouts C2 and D"):
+    with pytest.raises(LayoutError, match="written for layouts C2 and D"):
         patch.render(SRC, facts(resume_at=-1), patch.load_patch("park-slot"), stage=1)
 
 

@@ -10,6 +10,8 @@ import pytest
 from toolkit import apply, build, measure, mutate, referee, source, verify, workload
 from toolkit.ui import UI
 
+from .conftest import clone, snapshot
+
 
 def judge(tree, tmp_path, patch_name, names, policy="largest"):
     repo = git.Repo(tree.path)
@@ -117,3 +119,32 @@ def test_the_referee_table_measures_every_strategy_on_the_same_requests(c2, c2_b
     assert rows["park:largest"].recomputed == 0 < rows["recompute:smallest"].recomputed
     paths = referee.write(t, tmp_path / "out")
     assert "<svg" in paths["html"].read_text() and "| park:largest |" in paths["md"].read_text()
+
+
+def test_park_applies_checks_and_reverts_like_the_eviction(c2, tmp_path):
+    """Same apply, idempotence, presence checks and revert as the eviction patch; recognised by its
+    own definitions (no markers in the code)."""
+    from toolkit import check, patch
+
+    repo = clone(c2, tmp_path / "repo")
+    before = snapshot(repo)
+    res = apply.apply(repo, patch_name="park-slot", policy="not-leader-smallest")
+    assert res.status == "applied" and res.layout == "C2" and repo.active_branch.name == \
+        "patchkit/park-slot-not-leader-smallest"
+    text = (tmp_path / "repo" / res.file).read_text()
+    assert patch.state(text, patch.load_patch("park-slot")) == "applied" and "patchkit" not in text.lower()
+    assert apply.apply(repo, patch_name="park-slot", policy="not-leader-smallest").status == "already-applied"
+    ck = check.check(repo, patch_name="park-slot", compile=False)
+    assert ck.static and all(c.status == "pass" for c in ck.static), ck.static
+    apply.revert(repo)
+    assert snapshot(repo) == before
+
+
+def test_a_layout_the_preemption_patches_are_not_written_for_is_refused_untouched(trees, tmp_path):
+    from toolkit.errors import LayoutError
+
+    repo = clone(trees("0.3.32"), tmp_path / "repo")  # layout C: a pre_decode() step, not C2's prompt API
+    before = snapshot(repo)
+    with pytest.raises(LayoutError, match="written for layouts C2 and D"):
+        apply.apply(repo, patch_name="recompute-slot")
+    assert snapshot(repo) == before
