@@ -531,7 +531,7 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
             gap = o.token_t[k] - o.token_t[k - 1] if 0 < k < len(o.token_t) else None
             ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before, step=i))
         last_step, last_cells, _ = entries[-1]
-        if len(o.tokens) < o.n_predict and o.outcome != "errored":  # stopped, and no error ended it
+        if o.outcome == "timeout":  # it stopped and nothing ended it (an error or a rejection would have)
             tail = busy[last_step + 1:]
             ps.append(Pause(slot, last_cells - o.prompt_tokens + 1, last_cells, sum(tail),
                             len(tail) - sum(tail), None, resumed=False, cells_before=last_cells, step=last_step))

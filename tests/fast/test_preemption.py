@@ -63,6 +63,12 @@ def test_a_pause_is_read_from_the_log_with_where_it_happened():
     assert measure.word(run().outcomes[0], ps[0]) == "resumed" and measure.word(run().outcomes[1]) == "completed"
 
 
+def test_a_request_the_server_ended_is_not_a_pause():
+    r = run(never=True)
+    rejected = dataclasses.replace(r.outcomes[0], outcome="rejected", error="not the expected format")
+    assert 0 in measure.pauses(r) and 0 not in measure.pauses(dataclasses.replace(r, outcomes=(rejected, r.outcomes[1])))
+
+
 def test_a_run_without_a_pause_has_none():
     assert measure.pauses(run(park_at=99)) == {} and not measure.parks(run(park_at=99))
 
