@@ -221,3 +221,13 @@ def test_the_referee_row_counts_collateral_beyond_one_victim_per_overflow():
     rec = referee.row(referee.Entry("recompute", "largest"), WL, r, control, None, "preemption")
     assert rec.recomputed == 13  # the cells it held, recomputed on resume
     assert dataclasses.replace(row, verdict="FAIL").verdict == "FAIL"
+
+
+def test_auto_expectations_measure_a_candidate_that_parks():
+    from toolkit import verify
+
+    parked, plain = run(), run(park_at=99)
+    applied, why, _ = verify.expectations("auto", [(WL, [plain], [parked])])
+    assert applied == "preemption" and "a request paused in upstream's log" in why
+    assert verify.expectations("auto", [(WL, [plain], [plain])])[0] == "no-regression"
+    assert verify.expectations("auto", [(WL, [plain], [plain])], "patch park-slot", "preemption")[0] == "preemption"
