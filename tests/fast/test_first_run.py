@@ -70,8 +70,12 @@ def test_cut_keeps_start_and_end_around_an_ellipsis():
 
 def test_header_generation_says_what_it_does(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(build.proc, "run", lambda argv, **kw: proc.Result(
-        tuple(argv), 0, "tools/server/index.html.gz.hpp: CUSTOM_COMMAND\nggml/src/x.o: CXX\n", "", 0.0))
+
+    def run(argv, **kw):  # ninja -t targets, then each header's own command (-t commands -s)
+        out = ("cd b && cmake -DINPUT=index.html.gz -P xxd.cmake\n" if "commands" in argv
+               else "tools/server/index.html.gz.hpp: CUSTOM_COMMAND\nggml/src/x.o: CXX\n")
+        return proc.Result(tuple(argv), 0, out, "", 0.0)
+    monkeypatch.setattr(build.proc, "run", run)
 
     def stream(argv, on_line=None, **kw):
         calls.append(argv)
@@ -82,7 +86,8 @@ def test_header_generation_says_what_it_does(monkeypatch, tmp_path):
     monkeypatch.setattr(build.proc, "stream", stream)
     said = []
     build._generate_headers(tmp_path, tmp_path / "log", tmp_path, said.append)
-    assert calls and calls[0][-1] == "tools/server/index.html.gz.hpp"
+    # the header's own command only, never ggml's objects (Ninja's order-only chain)
+    assert calls == [["sh", "-c", "cd b && cmake -DINPUT=index.html.gz -P xxd.cmake"]]
     assert said[0].startswith("generating the server's headers") and "index.html.gz.hpp" in said[0]
     assert "[1/1] Generating index.html.gz.hpp" in said
 
