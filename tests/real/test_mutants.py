@@ -52,7 +52,10 @@ def test_two_victims_in_one_step_are_caught(c2, c2_base, tmp_path):
 
 
 def test_survivors_that_skip_a_sample_are_caught_from_upstreams_log(c2, c2_base, tmp_path):
-    k = kill(c2, tmp_path, "survivors-reset", "overflow-4")
+    # victim-first: the victim's entry is first in the batch, so survivors sit past the failure
+    # offset by design (shift). In overflow-4 a start that failed at off 3 had every survivor
+    # sampled already, the reset changed nothing, and the mutant passed (a clean-clone run)
+    k = kill(c2, tmp_path, "survivors-reset", "victim-first")
     assert "(the previous token again: a step without a sample)" in k["one-sample-per-entry"], k
 
 
