@@ -23,14 +23,21 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-# installed, with every dependency, and from THIS checkout (not another clone's editable install)
+# each line as it is written when the output is a pipe (a CI log, `| tee`), not in 8 KiB blocks
+export PYTHONUNBUFFERED=1
+# installed, with every dependency, and from THIS checkout (not another clone's editable install);
+# `demo` needs the package, `test` also its test extra (pytest, hypothesis, actionlint, PyYAML)
 here=$(pwd -P)
-installed=$(cd / && $PY -c "import toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, pytest, hypothesis, \
-json_source_map, matplotlib, os; print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
-if [ "$installed" != "$here" ] || ! command -v patchkit >/dev/null 2>&1 || ! command -v actionlint >/dev/null 2>&1; then
-  echo "==> installing patchkit and its Python dependencies" >&2
+mods="toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, json_source_map, matplotlib"
+spec="."
+if [ "${1:-}" = test ]; then mods="$mods, pytest, hypothesis, yaml"; spec=".[test]"; fi
+installed=$(cd / && $PY -c "import os, $mods; \
+print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
+if [ "$installed" != "$here" ] || ! command -v patchkit >/dev/null 2>&1 \
+   || { [ "${1:-}" = test ] && ! command -v actionlint >/dev/null 2>&1; }; then
+  echo "==> installing patchkit and its Python dependencies (pip install -e '$spec')" >&2
   # -u and --line-buffered: each line as it happens, not all of them at the end (35 s of silence)
-  $PY -u -m pip install --disable-pip-version-check --progress-bar off -e '.[test]' \
+  $PY -u -m pip install --disable-pip-version-check --progress-bar off -e "$spec" \
     | { grep --line-buffered -E "^(Collecting|Installing|Successfully)" || true; }
 fi
 

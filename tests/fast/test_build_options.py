@@ -1,0 +1,39 @@
+"""Build options: a scoped sanitizer build is configured as the plain build plus a launcher
+(so ccache serves every out-of-scope TU from the plain build), a tree-wide one with the tree's own
+LLAMA_SANITIZE_* options. No processes."""
+from click.testing import CliRunner
+
+from toolkit import build
+from toolkit.cli import cli
+from toolkit.errors import UsageError
+
+
+def test_scoped_sanitizer_build_is_the_plain_build_plus_a_launcher(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATCHKIT_CACHE", str(tmp_path))
+    plain = build.Options().cmake_flags()
+    scoped = build.Options(sanitize=("address", "undefined"), sanitize_only=("tools/server/server-context.cpp",))
+    flags = scoped.cmake_flags()
+    # every plain flag but the launcher is kept as is: out-of-scope compile commands are identical
+    assert [f for f in plain if "LAUNCHER" not in f] == [f for f in flags if "LAUNCHER" not in f and "LINKER" not in f]
+    assert not any("LLAMA_SANITIZE" in f or "FLAGS_RELEASE" in f for f in flags)
+    assert "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address -fsanitize=undefined" in flags
+    launcher = build.scoped_launcher(scoped.sanitize, scoped.sanitize_only)
+    assert f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}" in flags
+    text = launcher.read_text()
+    assert '*/src/tools/server/server-context.cpp) set -- "$@" -fsanitize=address -fno-omit-frame-pointer ' \
+           '-fsanitize=undefined -O1' in text
+    # a different scope is a different build (workspace and binary store keyed by the flags)
+    other = build.Options(sanitize=("address",), sanitize_only=("tools/server/*",))
+    assert len({scoped.key(), other.key(), build.Options(sanitize=("address", "undefined")).key()}) == 3
+
+
+def test_tree_wide_sanitizers_use_the_trees_own_options():
+    flags = build.Options(sanitize=("address", "undefined")).cmake_flags()
+    assert "-DLLAMA_SANITIZE_ADDRESS=ON" in flags and "-DLLAMA_SANITIZE_UNDEFINED=ON" in flags
+    assert not any("EXE_LINKER" in f for f in flags)
+
+
+def test_sanitize_only_without_sanitize_is_refused():
+    # before anything is fetched (main() turns the exception into exit 2; CliRunner shows it)
+    res = CliRunner().invoke(cli, ["build", "--repo", "/nonexistent", "--sanitize-only", "tools/server/*"])
+    assert isinstance(res.exception, UsageError) and "give --sanitize too" in str(res.exception)
