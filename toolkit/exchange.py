@@ -131,6 +131,10 @@ class Exchange:
             if "error" in chunk:
                 self.error = error_text(chunk)
                 continue
+            if chunk.get("index", 0) != 0:
+                # an n_cmpl request streams its completions interleaved, each chunk with its index:
+                # the outcome is the first completion's, the one its pinned (parent) slot generates
+                continue
             got = chunk.get("tokens") or []
             if got and self.t_first is None:
                 self.t_first = now

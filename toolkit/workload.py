@@ -31,6 +31,9 @@ class Request:
     # a repetition penalty over the last 64 tokens (0: none): the sampler then carries state from
     # token to token, which a preemption must keep (greedy alone has none to lose)
     repeat_penalty: float = 0.0
+    # completions of this prompt (the server's `n_cmpl`): the request takes its pinned slot and
+    # n_cmpl - 1 free ones, children that copy its prompt cells; one HTTP response for the family
+    n_cmpl: int = 1
 
     def body(self) -> dict:
         b = {
@@ -40,6 +43,8 @@ class Request:
         }
         if self.repeat_penalty:
             b.update(repeat_penalty=self.repeat_penalty, repeat_last_n=64)
+        if self.n_cmpl > 1:
+            b["n_cmpl"] = self.n_cmpl
         return b
 
 

@@ -80,3 +80,46 @@ def test_real_model_text_workload(c2, tmp_path):
     ev, = measure.overflows(wr.candidate[0], wr.workload)
     assert ev.terminated == ev.expected and len(ev.terminated) == 1
     assert not any(o.outcome == "rejected" for r in wr.base + wr.candidate for o in r.outcomes)
+
+
+def test_an_n_cmpl_family_ends_as_one_request(c2_base, c2_patched, tmp_path):
+    """n_cmpl (issue 18): a request of n_cmpl = 2 puts a child in a free slot, sharing the parent's
+    prompt cells. Decided: each member counts its own cached tokens (the shared prompt included),
+    and no family code: terminating a member ends the family's one HTTP response, and the server
+    then cancels the sibling itself. Measured on the real server, from its own log: base fails
+    every request; the candidate terminates the family's pinned slot (the most cells by that
+    count) once, the child is released right after, no second overflow, both others complete."""
+    from pathlib import Path
+
+    from toolkit import model, runner
+    from toolkit.compare import EXCEEDED
+    wl = workload.load(str(Path(__file__).with_name("ncmpl-family.toml")))
+    family = wl.requests[0]
+    assert family.n_cmpl == 2 and family.body()["n_cmpl"] == 2
+
+    base = runner.run(c2_base.binary, model.ensure().path, wl, tmp_path / "base.log")
+    assert [(o.slot, o.outcome, o.error) for o in base.outcomes] == [(r.slot, "errored", EXCEEDED) for r in wl.requests]
+
+    cand = runner.run(c2_patched.binary, model.ensure().path, wl, tmp_path / "cand.log")
+    assert cand.alive_after and cand.followup_ok
+    outs = {o.slot: o for o in cand.outcomes}
+    assert outs[0].outcome == "errored" and outs[0].error == EXCEEDED
+    assert all(outs[s].outcome == "completed" and len(outs[s].tokens) == 300 for s in (2, 3)), \
+        {s: (o.outcome, len(o.tokens)) for s, o in outs.items()}
+    # the child: launched by upstream as a child of slot 0's task, in a slot no request pinned
+    launches: dict[int, int] = {}  # each slot's first task (the follow-up probe launches slot 0 again)
+    for t in cand.trace:
+        if t.kind == "launch":
+            launches.setdefault(t.slot, t.task)
+    child = next(s for s in launches if s not in outs)
+    ev, = measure.overflows(cand, wl)          # one overflow in the whole run: nothing came back short
+    assert ev.terminated == (0,)
+    cells = {s.slot: s.cells for s in ev.in_play}
+    # its own count: the shared prompt and its own tokens, more than either plain request holds
+    assert cells[0] == max(cells.values()) > len(family.prompt), cells
+    # upstream's own lines, in order: the family's error, then the child's release with no error of its own
+    kinds = [(t.kind, t.slot if t.kind != "error" else t.task) for t in cand.trace if t.kind in ("error", "release")]
+    first_error = next(i for i, k in enumerate(kinds) if k[0] == "error")
+    assert kinds[first_error] == ("error", launches[0])
+    assert ("release", child) in kinds[first_error:]
+    assert [k for k in kinds if k[0] == "error"] == [("error", launches[0])], kinds
