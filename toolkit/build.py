@@ -52,6 +52,9 @@ PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 COMPILER_ERROR = re.compile(r"(error:|fatal error:|undefined reference to|Error \d)")
 
 
+# The memory a server patch frees cells in: instrumented beside the patched TUs in a scoped
+# sanitizer build (export --sanitize, the real tier's sanitizer test).
+KV_CACHE_SOURCES = ("src/llama-kv-cache.cpp", "src/llama-batch.cpp")
 # The sanitizers' compile flags, as the tree's own LLAMA_SANITIZE_* options add them.
 SANITIZER_FLAGS = {"address": "-fsanitize=address -fno-omit-frame-pointer", "undefined": "-fsanitize=undefined",
                    "thread": "-fsanitize=thread"}

@@ -418,8 +418,8 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, report_dir, a
               show_default=True, help="Where the .patch files and PR.md go.")
 @click.option("--mutants", "mutants_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="A `patchkit mutants` campaign's mutants.json on the same base: its score goes in.")
-@click.option("--sanitize", is_flag=True, help="Also run overflow workloads on an ASan+UBSan build (one cold "
-              "sanitizer build, ~20 min on 2 cores).")
+@click.option("--sanitize", is_flag=True, help="Also run overflow workloads with ASan+UBSan on the TUs the series "
+              "changes and the KV cache (the rest from the plain build: a few minutes cold).")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 10))
 @click.option("--json", "as_json", is_flag=True)
 def export_cmd(repo, base_ref, cand_ref, out_dir, mutants_json, sanitize, repeat, as_json) -> None:

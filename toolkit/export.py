@@ -77,12 +77,15 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
     except PatchError as e:
         say(f"  property harness not run: {e}")
     san = None
+    # the TUs the series changes and the KV cache they free cells in; the rest is the plain build's
+    san_scope = tuple(f for f in repo.git.diff("--name-only", base, candidate).split()
+                      if f.endswith((".c", ".cpp"))) + build_mod.KV_CACHE_SOURCES
     if sanitize:
-        say("measuring: the suite's overflow workloads on an ASan+UBSan build (a cold sanitizer build)")
+        say(f"measuring: the suite's overflow workloads with ASan+UBSan on {', '.join(san_scope)}")
         san = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in ("overflow-4", "victim-first")],
                                    work_dir=out_dir / "logs" / "sanitize", expect="eviction", evicting_patch=True,
-                                   opts=build_mod.Options(sanitize=("address", "undefined")), candidate_label="the series",
-                                   say=say, progress=progress)
+                                   opts=build_mod.Options(sanitize=("address", "undefined"), sanitize_only=san_scope),
+                                   candidate_label="the series", say=say, progress=progress)
     mutants = json.loads(mutants_json.read_text()) if mutants_json else None
     if mutants and mutants.get("base") != base:
         raise UsageError(f"{mutants_json} is a campaign on {str(mutants.get('base'))[:12]}, not on this base "
@@ -98,7 +101,9 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
                             *sum((["--workload", w] for w in FAMILIES), []), "--repeat", str(repeat)),
         "cmd_property": cmd("check", "--repo", repo_arg, "--ref", candidate[:12], "--property"),
         "cmd_sanitize": cmd("verify", "--repo", repo_arg, "--base", base[:12], "--candidate", candidate[:12],
-                            "--sanitize", "address,undefined", "--workload", "overflow-4", "--workload", "victim-first"),
+                            "--sanitize", "address,undefined", *sum((["--sanitize-only", f] for f in san_scope), []),
+                            "--workload", "overflow-4", "--workload", "victim-first"),
+        "san_scope": san_scope,
         "cmd_mutants": cmd("mutants", "--repo", repo_arg, "--base", base[:12]),
     }
     desc = out_dir / "PR.md"

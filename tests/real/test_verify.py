@@ -4,7 +4,7 @@ import re
 import git
 import pytest
 
-from toolkit import measure, proc, runner, verify, workload
+from toolkit import build, measure, proc, runner, verify, workload
 from toolkit.compare import EXCEEDED
 from toolkit.ui import UI
 
@@ -137,7 +137,7 @@ def test_speculative_workload_is_unchanged_by_the_patch(c2, c2_base, tmp_path):
 
 
 # the TU the patch changes (all of its code) and the KV cache whose cells it frees
-SANITIZE_SCOPE = ("tools/server/server-context.cpp", "src/llama-kv-cache.cpp", "src/llama-batch.cpp")
+SANITIZE_SCOPE = ("tools/server/server-context.cpp",) + build.KV_CACHE_SOURCES
 
 
 def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
