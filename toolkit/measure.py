@@ -495,6 +495,7 @@ class Pause:
     step: int = -1          # the server step it was parked in (its last entry's)
 
 
+@lru_cache(maxsize=64)  # compare, unfreed_parks, the report and the referee all ask, per run
 def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
     """Every pause of every workload request (slot -> pauses, in order). A slot whose entries stop
     before its request ended and never come back has one last pause with resumed=False."""

@@ -79,7 +79,8 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
     static checks and the property harness read the eviction patch's code: a preemption patch's
     variants are judged by the suite (its own expectations) alone."""
     t0 = time.monotonic()
-    if patch_mod.load_patch(patch_name).expect != "eviction":
+    expect = patch_mod.load_patch(patch_name).expect
+    if expect != "eviction":
         judges = tuple(j for j in judges if j == "suite")
 
     def result(status: str, kills=(), note="") -> MutantResult:
@@ -107,7 +108,7 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
         try:
             res = verify_mod.run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / name,
                                        opts=opts, candidate_label=f"mutant {name}", layout=layout,
-                                       expect=patch_mod.load_patch(patch_name).expect, evicting_patch=True,
+                                       expect=expect, evicting_patch=True,
                                        reuse=reuse, say=say, progress=progress)
         except BuildError as e:
             return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
