@@ -230,13 +230,29 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             free = off
         slots = [SlotAt(x.slot, outs[x.slot].prompt_tokens, x.value - outs[x.slot].prompt_tokens + 1,
                         x.value + (1 if k < off else 0), k, 0, "server log") for k, x in enumerate(entries)]
-        for s_ in group:
-            if s_ not in cells:  # terminated with no entry of its own in the step: in its prompt
-                slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, 0, len(slots), 0, "server log"))
         tasks = {}
         for x in tr:
             if x.kind == "launch" and x.slot in outs:
                 tasks.setdefault(x.slot, x.task)  # each slot's workload task (a later probe is not)
+        # in play without an entry of its own: in its prompt (upstream logs no line per prompt
+        # chunk). Launched before the step, not released before it.
+        ended = {x.slot for x in tr[:step] if x.kind == "release"} if step >= 0 else set()
+        launched = {x.slot for x in tr[:max(step, 0)] if x.kind == "launch" and tasks.get(x.slot) == x.task}
+        prompting = sorted((set(group) | (launched - ended)) - set(cells))
+        if len(prompting) == 1 and step >= 0:
+            # One such slot: the pool's accounting measures it exactly. The step failed when not one
+            # more cell was free, so every cell is a slot's: the prompt slot held what the generating
+            # slots did not when the step began (`leaked` above), plus its entries decoded below
+            # `off` in this step (prompt chunks follow the generating slots' entries in the batch).
+            s_ = prompting[0]
+            below = max(0, off - len(entries))
+            slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, leaked + below, len(entries), 0,
+                                "server log (pool accounting)"))
+            leaked = 0
+        else:
+            for s_ in prompting:
+                if s_ in group:  # several in their prompt: their cells are not told apart
+                    slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, 0, len(slots), 0, "server log"))
         expected, margin, unc = _choose(slots, policy, wl, tasks)
         err_at = outs[group[0]].t_end if group else 0.0
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),

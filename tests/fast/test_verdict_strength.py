@@ -6,14 +6,16 @@ import pytest
 
 from toolkit import compare, measure, patch
 from toolkit.errors import UsageError
+from toolkit.record import Outcome, Run, Trace
 from toolkit.workload import load
 
-from .sim import simulate
+from .sim import EXC, simulate
 from .test_patch_render import LAYOUTS, SPEC, SRC, facts
 
 WD = load("victim-decoded")
 WC = load("cells-not-prompt")
 WL = load("overflow-4")
+WP = load("prompt-victim")
 
 
 def run(wl, **kw):
@@ -149,3 +151,42 @@ def test_campaign_score_and_runs_killed():
     t = table(res)
     assert "mutation score: 2/3 killed (67 %)" in t
     assert "equivalent (claimed)" in t and "2/3" in t
+
+
+def prompt_phase_run():
+    """A recorded step of prompt-victim's shape: slots 0-2 generating (entries logged with 100,
+    110, 120 cells), slot 3 launched with no entry (in its prompt: upstream logs no line per
+    chunk), 64 entries, the step failing at off 10 of a 1024-cell pool, slot 3 terminated."""
+    tr = [Trace("launch", j, 50 + j) for j in range(4)] + [Trace("step")]
+    tr += [Trace("entry", j, 50 + j, 100 + 10 * j, 7) for j in range(3)]
+    tr += [Trace("batch", value=64), Trace("retry", value=10, token=1), Trace("error", task=53, text=EXC)]
+    outs = tuple(Outcome(j, "errored" if j == 3 else "completed", 200, EXC if j == 3 else None, j != 3, None, None,
+                         None, (), len(WP.requests[j].prompt), WP.requests[j].n_predict, 0.0, None, 1.0)
+                 for j in range(4))
+    return Run("prompt-victim", outs, (), (), True, True, None, 1.0, "log", pool=1024, trace=tuple(tr))
+
+
+def test_a_victim_in_its_prompt_is_measured_by_the_pools_accounting():
+    """The step fails when not one cell is free, so every cell is a slot's: the prompt slot held
+    1024 - 10 (off) - 330 (the generating slots') = 684 when the step began, plus its 7 entries
+    decoded below off (the 3 generating entries come first): 691, the largest, nothing leaked."""
+    ev, = measure.overflows(prompt_phase_run(), WP)
+    cells = {s.slot: s.cells for s in ev.in_play}
+    assert cells == {0: 101, 1: 111, 2: 121, 3: 691}
+    assert ev.leaked == 0 and ev.full and ev.expected == (3,) and ev.terminated == (3,)
+    assert next(s for s in ev.in_play if s.slot == 3).source == "server log (pool accounting)"
+
+
+def test_two_slots_in_their_prompt_are_not_told_apart():
+    """Two slots without entries: the accounting gives their sum only, so the picture is
+    incomplete (cells taken by no slot measured) and one-victim-per-overflow cannot pass."""
+    tr = list(prompt_phase_run().trace)
+    tr.insert(4, Trace("launch", 4, 54))  # a fifth slot, launched, in its prompt too
+    r = prompt_phase_run()
+    outs = r.outcomes + (replace(r.outcomes[0], slot=4),)
+    wl = replace(WP, requests=WP.requests + (replace(WP.requests[0], slot=4),),
+                 server=replace(WP.server, parallel=5))
+    ev, = measure.overflows(replace(r, outcomes=outs, trace=tuple(tr)), wl)
+    assert ev.leaked == 684 and not ev.full
+    assert "taken by no slot in play" in failed(compare.judge(wl, "candidate", replace(r, outcomes=outs, trace=tuple(tr))))[
+        "one-victim-per-overflow"]

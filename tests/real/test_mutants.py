@@ -8,7 +8,8 @@ import re
 import git
 import pytest
 
-from toolkit import apply, build, mutate, patch, source, workload
+from toolkit import apply, build, measure, mutate, patch, source, verify, workload
+from toolkit.ui import UI
 
 
 def kill(c2, tmp_path, name, wl, judges=("suite",)):
@@ -44,6 +45,25 @@ def test_a_victim_entry_left_in_the_batch_shows_in_the_pools_accounting(c2, c2_b
     pool, one cell taken by no slot in play; two-overflows' second overflow does not add up."""
     k = kill(c2, tmp_path, "entries-kept", "two-overflows")
     assert re.search(r"WRONG .*1 cell\(s\) taken by no slot in play", k["one-victim-per-overflow"]), k
+
+
+def test_a_victim_in_its_prompt_is_measured_and_its_kept_chunk_shows(c2, c2_base, tmp_path):
+    """prompt-victim: the pool runs out while slot 3 is in its 960-token prompt (no upstream line per
+    chunk: its cells come from the pool's accounting). The right patch terminates it, measured the
+    largest by hundreds of cells; a patch that leaves its undecoded chunk in the batch has the
+    chunk decoded into the freed cells, which no slot holds (tens of cells, not one)."""
+    res = verify.verify(git.Repo(c2.path), base_ref=source.BASELINE_TAG, workloads=[workload.load("prompt-victim")],
+                        out_dir=tmp_path / "right", ui=UI(quiet=True))
+    assert res.ok, [(v.side, c.name, c.detail) for wr in res.results for v in wr.verdicts for c in v.checks if not c.ok]
+    wr = res.results[0]
+    ev, = measure.overflows(wr.candidate[0], wr.workload)
+    at = {s.slot: s for s in ev.in_play}
+    assert ev.terminated == (3,) and ev.full and at[3].generated == 0
+    assert at[3].source == "server log (pool accounting)"
+    assert at[3].cells > max(at[j].cells for j in (0, 1, 2)) + 300, at
+    k = kill(c2, tmp_path, "entries-kept", "prompt-victim")
+    m = re.search(r"WRONG .* (\d+) cell\(s\) taken by no slot in play", k["one-victim-per-overflow"])
+    assert m and int(m[1]) > 1, k
 
 
 def test_two_victims_in_one_step_are_caught(c2, c2_base, tmp_path):
