@@ -27,6 +27,16 @@ def test_scoped_sanitizer_build_is_the_plain_build_plus_a_launcher(monkeypatch, 
     assert len({scoped.key(), other.key(), build.Options(sanitize=("address", "undefined")).key()}) == 3
 
 
+def test_a_scoped_thread_sanitizer_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATCHKIT_CACHE", str(tmp_path))
+    try:
+        build.Options(sanitize=("thread",), sanitize_only=("tools/server/*",)).cmake_flags()
+    except UsageError as e:
+        assert "needs every TU instrumented" in str(e)
+    else:
+        raise AssertionError("a scoped ThreadSanitizer build was configured")
+
+
 def test_tree_wide_sanitizers_use_the_trees_own_options():
     flags = build.Options(sanitize=("address", "undefined")).cmake_flags()
     assert "-DLLAMA_SANITIZE_ADDRESS=ON" in flags and "-DLLAMA_SANITIZE_UNDEFINED=ON" in flags
