@@ -104,6 +104,9 @@ def test_an_n_cmpl_family_ends_as_one_request(c2_base, c2_patched, tmp_path):
     assert cand.alive_after and cand.followup_ok
     outs = {o.slot: o for o in cand.outcomes}
     assert outs[0].outcome == "errored" and outs[0].error == EXCEEDED
+    # the family's stream interleaves its two completions: the outcome is index 0's, the tokens
+    # upstream logs for the pinned slot (interleaved, they would not be)
+    assert measure.trace_problems(cand) == [] and 0 < len(outs[0].tokens) < family.n_predict
     assert all(outs[s].outcome == "completed" and len(outs[s].tokens) == 300 for s in (2, 3)), \
         {s: (o.outcome, len(o.tokens)) for s, o in outs.items()}
     # the child: launched by upstream as a child of slot 0's task, in a slot no request pinned
