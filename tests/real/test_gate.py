@@ -133,6 +133,22 @@ def test_the_no_remap_pin_fails_for_integrity(c2, pins, tmp_path):
     assert set(fails) == {"victim-first"}, fails
 
 
+def test_a_parking_pin_is_judged_as_a_preemption_and_a_broken_one_named(c2, pins, tmp_path):
+    """The fork's park PR as a pin: the gate measures parks in the after nightly and judges it with
+    the preemption expectations (no request fails, every pause ends, streams exact); the same
+    pin with resume never called is named, through the wait bound."""
+    repo = git.Repo(c2.path)
+    park = apply.candidate_commit(repo, c2.commit, "park-slot")[0]
+    stuck = apply.candidate_commit(repo, c2.commit, "park-slot", variant="never-resumed")[0]
+    res, data = ci(c2, tmp_path, "park", [], [url(184, park)], "--workload", "overflow-4,fits")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert data["expect"] == "preemption" and "the candidate preempts (measured" in data["expect_why"], data["expect_why"]
+    res, data = ci(c2, tmp_path, "stuck", [], [url(185, stuck)], "--workload", "overflow-4")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [c["pin"] for c in data["culprits"]] == ["ggml-org/llama.cpp#185"], data["culprits"]
+    assert any(" waits-bounded: " in f and "never resumed" in f for f in failing(data)["overflow-4"]), failing(data)
+
+
 def test_a_base_that_already_evicts(c2, pins, tmp_path):
     """The base carries the eviction (it landed upstream): a harmless pin passes with the eviction
     expectations, the base a reference; a pin that takes the eviction out fails for no-regression."""
