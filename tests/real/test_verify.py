@@ -147,7 +147,7 @@ def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
     took ~20 min cold on 2 cores, the whole server's TUs alone ~11 min beside a test run."""
     import time
 
-    from toolkit import apply, build, compare, model
+    from toolkit import apply, compare, model
 
     repo = git.Repo(c2.path)
     sha, _ = apply.candidate_commit(repo, c2.commit)
