@@ -25,6 +25,8 @@ from .source import BOT, current_branch, dirty_files, resolve
 from .ui import log_progress
 
 TRAILER_PATCH = "Patchkit-Patch"
+# A candidate patchkit did not render (a user's diff): named, but never read as a patch family.
+TRAILER_CANDIDATE = "Patchkit-Candidate"
 TRAILER_RETURN = "Patchkit-Return-To"
 
 
@@ -266,7 +268,7 @@ def from_patch_file(repo: git.Repo, base: str, patch_file: Path) -> str:
                 raise PatchError(f"{patch_file.name} does not apply to {base[:12]}: {e.stderr.strip()[:400]}")
             tree = g.write_tree()
             return g.commit_tree(tree, "-p", base, "-m", f"patchkit candidate: {patch_file.name}\n\n"
-                                 f"{TRAILER_PATCH}: file {patch_file.name}\n")
+                                 f"{TRAILER_CANDIDATE}: patch-file {patch_file.name}\n")
 
 
 def from_commit(repo: git.Repo, base: str, commit: str) -> str:

@@ -1,6 +1,7 @@
 """Source trees: the llama.cpp tree vendored in a PyPI sdist, and users' own git checkouts.
 
-`fetch` downloads an sdist with pip (the only network patchkit uses), extracts its
+`fetch` downloads an sdist from the package index (the only network patchkit uses: the
+index's JSON API, else pip), extracts its
 `vendor/llama.cpp` into the cache and makes it a git repository with one baseline commit.
 `open_repo` / `resolve` / `dirty_files` are the read-only questions every later stage asks
 of a user's repository.
@@ -90,7 +91,72 @@ def _download(package: str, version: str, progress) -> Path:
     stem = f"{PACKAGES[package]}-{version}"
     for cand in sdists.glob(f"{stem}.tar.gz"):
         return cand
-    progress(f"downloading {package}=={version} sdist from PyPI (~75 MB)")
+    try:
+        return _download_direct(package, f"{stem}.tar.gz", sdists, progress)
+    except _NoDirect as e:
+        progress(f"  the index's JSON API did not serve it ({e}); asking pip")
+    return _download_pip(package, version, stem, sdists, progress)
+
+
+class _NoDirect(Exception):
+    """The package index could not hand over the sdist by its JSON API (pip may still)."""
+
+
+def index_url() -> str:
+    """The simple index pip would use first: PIP_INDEX_URL, else PyPI."""
+    return (os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
+
+
+def _download_direct(package: str, filename: str, sdists: Path, progress, timeout: float = 60.0) -> Path:
+    """The sdist straight from the index's JSON simple API (PEP 691), checked against the sha256
+    the index lists. `pip download` of an sdist also prepares its metadata (it installs the
+    package's build backend and runs it: ~40 s measured for llama-cpp-python), which a tree
+    extraction never needs."""
+    import hashlib
+
+    import httpx
+
+    url = f"{index_url()}/{package}/"
+    try:
+        with httpx.Client(timeout=timeout, follow_redirects=True, trust_env=True) as client:
+            r = client.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            if r.status_code != 200 or "json" not in r.headers.get("content-type", ""):
+                raise _NoDirect(f"{url}: HTTP {r.status_code}, {r.headers.get('content-type', '?')}")
+            files = [f for f in r.json().get("files", []) if f.get("filename") == filename]
+            if not files or "sha256" not in files[0].get("hashes", {}):
+                raise _NoDirect(f"{url} lists no {filename} with a sha256")
+            entry = files[0]
+            progress(f"downloading {filename} from {httpx.URL(entry['url']).host}")
+            tmp = sdists / f".{filename}.{os.getpid()}.part"
+            digest, got, said = hashlib.sha256(), 0, time.monotonic()
+            try:
+                with client.stream("GET", entry["url"]) as resp, open(tmp, "wb") as fh:
+                    if resp.status_code != 200:
+                        raise _NoDirect(f"{entry['url']}: HTTP {resp.status_code}")
+                    total = int(resp.headers.get("content-length", 0))
+                    for chunk in resp.iter_bytes(1 << 20):
+                        fh.write(chunk)
+                        digest.update(chunk)
+                        got += len(chunk)
+                        if time.monotonic() - said >= 3.0:
+                            said = time.monotonic()
+                            progress(f"  downloaded {got / 1e6:.1f} MB" + (f" of {total / 1e6:.1f} MB" if total else ""))
+                if digest.hexdigest() != entry["hashes"]["sha256"]:
+                    raise EnvironmentProblem(f"{filename} from {entry['url']} does not match the sha256 the index "
+                                             f"lists ({digest.hexdigest()[:16]}... != {entry['hashes']['sha256'][:16]}"
+                                             "...); nothing was kept.", hint="Try again; a proxy may have altered it.")
+                progress(f"  downloaded {got / 1e6:.1f} MB, sha256 verified")
+                final = sdists / filename
+                tmp.replace(final)  # atomic: a cached sdist is whole or absent
+                return final
+            finally:
+                tmp.unlink(missing_ok=True)
+    except httpx.HTTPError as e:
+        raise _NoDirect(f"{type(e).__name__}: {e}") from None
+
+
+def _download_pip(package: str, version: str, stem: str, sdists: Path, progress) -> Path:
+    progress(f"downloading {package}=={version} sdist with pip (~75 MB)")
     # pip shows no progress without a terminal: it downloads into a temp dir under TMPDIR, so
     # give it a private one and report the bytes that arrived there, against the size pip names
     tmp = Path(tempfile.mkdtemp(prefix="pip-", dir=sdists))

@@ -275,13 +275,16 @@ def refuse_vacuous(repo: git.Repo, base: str, base_why: str, cand: str, cand_why
 
 
 def series_patch(repo: git.Repo, commit: str) -> str | None:
-    """The patch family a patchkit series below `commit` was rendered from (its trailer)."""
+    """The patch family a patchkit series below `commit` was rendered from (its trailer); None
+    when no commit names one of the families this patchkit has (a trailer is a claim in a
+    commit message, not a family: the first one that is not ours ends the search)."""
     from .apply import TRAILER_PATCH
+    from .patch import families
 
     for c in repo.iter_commits(commit, max_count=SERIES_DEPTH, first_parent=True):
         m = re.search(rf"^{TRAILER_PATCH}: (\S+)", c.message, re.M)
         if m:
-            return m.group(1)
+            return m.group(1) if m.group(1) in families() else None
     return None
 
 

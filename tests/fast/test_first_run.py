@@ -2,6 +2,7 @@
 and never goes quiet, CMake's lines arrive whole and without the git probe's noise, header
 generation says what it does, the help keeps workload names whole, the report says whose
 error it is and where a slot started, and the chart's labels stay inside it. No processes."""
+import json
 import os
 import re
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from toolkit import build, compare, proc, report, source, workload
+from toolkit import build, compare, errors, proc, report, source, workload
 from toolkit.cli import cli
 from toolkit.record import Outcome
 
@@ -189,3 +190,75 @@ def test_chart_labels_stay_inside_the_figure():
         for t in texts:
             ext = t.get_window_extent()
             assert ext.x0 >= box.x0 and ext.x1 <= box.x1, f"'{t.get_text()}' runs off the chart"
+
+
+class _Index:
+    """A package index on 127.0.0.1 (a thread, no process): a PEP 691 JSON page for one sdist."""
+
+    def __init__(self, body: bytes, listed_sha: str, json_api: bool = True):
+        import http.server
+        import threading
+
+        idx = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                if self.path == "/simple/pkg/":
+                    if not json_api:
+                        data, ctype = b"<html>links</html>", "text/html"
+                    else:
+                        data = json.dumps({"meta": {"api-version": "1.1"}, "files": [
+                            {"filename": "pkg-1.0.tar.gz", "url": f"http://127.0.0.1:{idx.port}/f/pkg-1.0.tar.gz",
+                             "hashes": {"sha256": listed_sha}}]}).encode()
+                        ctype = "application/vnd.pypi.simple.v1+json"
+                elif self.path == "/f/pkg-1.0.tar.gz":
+                    data, ctype = body, "application/octet-stream"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_fetch_takes_the_sdist_from_the_index_json_api_and_checks_its_sha256(tmp_path, monkeypatch):
+    """No pip, so no build backend installed to prepare metadata nobody reads (issue 25: ~40 s
+    of a new user's first run). The archive is kept only when its sha256 is the index's."""
+    import hashlib
+
+    body = b"an sdist's bytes" * 1000
+    with _Index(body, hashlib.sha256(body).hexdigest()) as idx:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{idx.port}/simple/")
+        said = []
+        got = source._download_direct("pkg", "pkg-1.0.tar.gz", tmp_path, said.append)
+        assert got == tmp_path / "pkg-1.0.tar.gz" and got.read_bytes() == body
+        assert said[-1].endswith("sha256 verified") and said[0].startswith("downloading pkg-1.0.tar.gz from 127.0.0.1")
+        with pytest.raises(source._NoDirect, match="lists no pkg-2.0.tar.gz"):
+            source._download_direct("pkg", "pkg-2.0.tar.gz", tmp_path, said.append)
+    got.unlink()
+    with _Index(body, "0" * 64) as idx:  # the bytes are not what the index lists: refused, nothing kept
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{idx.port}/simple")
+        with pytest.raises(errors.EnvironmentProblem, match="does not match the sha256 the index lists"):
+            source._download_direct("pkg", "pkg-1.0.tar.gz", tmp_path, said.append)
+        assert list(tmp_path.iterdir()) == []
+    with _Index(body, "0" * 64, json_api=False) as idx:  # an index without the JSON API: pip's turn
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{idx.port}/simple")
+        with pytest.raises(source._NoDirect, match="HTTP 200, text/html"):
+            source._download_direct("pkg", "pkg-1.0.tar.gz", tmp_path, said.append)
+    assert list(tmp_path.iterdir()) == []
