@@ -46,6 +46,14 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
     commits = list(repo.iter_commits(f"{base}..{candidate}", first_parent=True))
     if not commits:
         raise UsageError(f"{candidate[:12]} is not a descendant of {base[:12]}: nothing to export.")
+    # a campaign on another base is refused before anything is written or run
+    try:
+        mutants = json.loads(mutants_json.read_text()) if mutants_json else None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{mutants_json} is not a readable mutants.json ({e}).")
+    if mutants and mutants.get("base") != base:
+        raise UsageError(f"{mutants_json} is a campaign on {str(mutants.get('base'))[:12]}, not on this base "
+                         f"{base[:12]}: run `patchkit mutants` on this base.")
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.patch"):
         old.unlink()
@@ -86,10 +94,6 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
                                    work_dir=out_dir / "logs" / "sanitize", expect="eviction", evicting_patch=True,
                                    opts=build_mod.Options(sanitize=("address", "undefined"), sanitize_only=san_scope),
                                    candidate_label="the series", say=say, progress=progress)
-    mutants = json.loads(mutants_json.read_text()) if mutants_json else None
-    if mutants and mutants.get("base") != base:
-        raise UsageError(f"{mutants_json} is a campaign on {str(mutants.get('base'))[:12]}, not on this base "
-                         f"{base[:12]}: run `patchkit mutants` on this base.")
     subject = commits[-1].summary
     ctx = {
         "subject": subject, "base": base, "candidate": candidate, "commits": list(reversed(commits)), "stat": stat,

@@ -535,6 +535,7 @@ def to_json(res: Result) -> dict:
                    "regressions": len(c.regressions), "gained": len(c.gained), "not_judged": len(c.not_judged),
                    "not_run": len(c.not_run), "flaky": len(c.flaky)},
         "regressions": [asdict(r) for r in c.regressions],
+        "passed_before": list(c.passed_before), "passed_after": list(c.passed_after),
         "gained": list(c.gained),
         "not_judged": [{"id": i, "why": w} for i, w in c.not_judged],
         "not_run": [{"id": i, "why": w} for i, w in c.not_run],

@@ -48,3 +48,30 @@ def test_gate_inputs_are_refused_before_anything(tmp_path):
 def test_report_merge_without_gate_json_is_a_report_error(tmp_path):
     res = CliRunner().invoke(cli, ["report", "merge", str(tmp_path)])
     assert isinstance(res.exception, errors.ReportError) and "not a readable gate.json" in str(res.exception)
+
+
+def test_ci_plan_gets_a_shard_per_repeat_a_sanitizer_shard_and_an_upstream_shard(tmp_path):
+    import json
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"prs": ["https://github.com/myfork/llama.cpp/pull/7/commits/" + "b" * 40]}))
+    res = CliRunner().invoke(cli, ["ci", "--plan", "--pr-set", str(ok), "--workload", "overflow-4", "--repeat", "2",
+                                   "--owner", "myfork", "--sanitize", "address,undefined", "--upstream-tests", "ci"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)
+    assert [m["name"] for m in plan["include"]] == ["overflow-4 #1", "overflow-4 #2", "sanitize address,undefined",
+                                                    "upstream tests ci"]
+    assert plan["include"][2]["sanitize"] == "address,undefined" and plan["include"][3]["upstream"] == "ci"
+    assert plan["pins"] == [{"owner": "myfork", "pr": 7, "sha": "b" * 40}]
+    # without --owner the same file is refused: the option is what allowed it
+    res = CliRunner().invoke(cli, ["ci", "--plan", "--pr-set", str(ok)])
+    assert isinstance(res.exception, errors.UsageError) and "owner 'myfork' is not allowed" in str(res.exception)
+
+
+def test_mutants_list_prints_the_catalog_of_the_named_patch():
+    from toolkit import mutate
+    res = CliRunner().invoke(cli, ["mutants", "--list", "--patch", "park-slot"])
+    assert res.exit_code == 0, res.output
+    names = [line.split()[0] for line in res.output.splitlines()]
+    assert names == list(mutate.catalog("park-slot")) and names
+    res = CliRunner().invoke(cli, ["mutants", "--list"])
+    assert [line.split()[0] for line in res.output.splitlines()] == list(mutate.catalog())

@@ -1,16 +1,24 @@
 """Issue 18: the series a maintainer takes. `export` writes format-patch files and a PR description
 of figures measured in the run; `git am` of the export onto a fresh tree of C2 and D applies, and
 the result builds and passes; the patched server carries no tool name."""
+import json
 import re
 import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import git
 import pytest
 
-from toolkit import apply, export, patch, source, verify, workload
+from toolkit import apply, patch, source, verify, workload
 from toolkit.ui import UI
 
 from .conftest import clone
+
+
+def patchkit(*args):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("version", ["0.3.35", "0.3.36"], ids=["C2", "D"])
@@ -23,8 +31,20 @@ def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, v
     assert text.lower().count("patchkit") == 0          # no tool names in the C++
     assert "TODO: try to terminate only the largest" not in text  # upstream's TODO, resolved
 
-    res = export.export(repo, base, cand, tmp_path / "pr", repo_arg=str(tree.path), mutants_json=None,
-                        sanitize=False, repeat=1, say=lambda s: None, progress=lambda s: None)
+    # through the command a user types; --mutants: a campaign's file on this base (its score goes
+    # in as given), and one on another base is refused before anything runs
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"base": "0" * 40, "score": {"killed": 1, "judged": 1}, "mutants": []}))
+    bad = patchkit("export", "--repo", str(tree.path), "--base", base, "--candidate", cand, "--out",
+                   str(tmp_path / "bad"), "--mutants", str(other))
+    assert bad.returncode == 2 and "is a campaign on 000000000000, not on this base" in bad.stderr, bad.stderr
+    mine = tmp_path / "mutants.json"
+    mine.write_text(json.dumps({"base": base, "score": {"killed": 12, "judged": 13}, "mutants": []}))
+    out = patchkit("export", "--repo", str(tree.path), "--base", base, "--candidate", cand, "--out",
+                   str(tmp_path / "pr"), "--repeat", "1", "--mutants", str(mine), "--json")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    res = SimpleNamespace(ok=res["ok"], patches=[Path(p) for p in res["patches"]], description=Path(res["description"]))
     assert res.ok and len(res.patches) == 1
     body = res.patches[0].read_text()
     assert body.startswith("From ") and "Subject: [PATCH] server: on KV-cache exhaustion terminate one slot" in body
@@ -33,7 +53,8 @@ def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, v
     # every figure is one measured in this run, with the command that reproduces it
     assert "### Before / after: the default suite (1 run per side): PASS" in pr
     assert re.search(r"driven over 20000 random batches: passed \(ok 20000 batches \(\d+ in embd mode\)", pr), pr
-    assert "Not measured in this run (pass `--mutants`" in pr and "Not measured in this run (pass `--sanitize`" in pr
+    assert "12 of 13 wrong variants of this patch were caught" in pr
+    assert "Not measured in this run (pass `--sanitize`" in pr
     for name in verify.SUITE:
         assert re.search(rf"^{re.escape(name)}: ok", pr, re.M), name
     assert pr.count("Reproduce: `patchkit ") == 3

@@ -176,12 +176,14 @@ def test_sharded_gate_gives_the_unsharded_verdicts(c2, pins, tmp_path):
         patchkit("ci", "--repo", c2.path, "--base", c2.commit, "--old-pr-set", old, "--pr-set", new,
                  "--workload", m["workloads"], "--shard", m["name"], "--report-dir", str(d))
         dirs.append(str(d))
-    merged = patchkit("report", "merge", *dirs, "--out", str(tmp_path / "merged"), "--summary", str(tmp_path / "m.md"))
+    merged = patchkit("report", "merge", *dirs, "--out", str(tmp_path / "merged"), "--summary", str(tmp_path / "m.md"),
+                      "--json")
     whole = patchkit("ci", "--repo", c2.path, "--base", c2.commit, "--old-pr-set", old, "--pr-set", new,
                      "--workload", wl, "--report-dir", str(tmp_path / "whole"))
     assert merged.returncode == whole.returncode == 1, merged.stdout + merged.stderr + whole.stdout[-2000:]
     m = json.loads((tmp_path / "merged" / "gate.json").read_text())
     w = json.loads((tmp_path / "whole" / "gate.json").read_text())
+    assert json.loads(merged.stdout) == m, "--json prints the merged gate.json"
     assert m["shards"] == ["overflow-4 #1", "fits #1"]
     assert m["culprits"] == w["culprits"] and [c["pin"] for c in m["culprits"]] == ["ggml-org/llama.cpp#103"]
 

@@ -33,12 +33,25 @@ def test_victim_chosen_by_prompt_length_is_caught_where_cells_and_prompts_disagr
 
 
 def test_victim_chosen_by_tokens_generated_is_caught(c2, c2_base, tmp_path):
-    k = kill(c2, tmp_path, "victim-by-generated", "overflow-4")
+    """Through the command a user types (`patchkit mutants`, every option of it given), so the
+    campaign's own judges (static checks, property harness, the suite) all run."""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--base",
+                          source.BASELINE_TAG, "--patch", "evict-largest-slot", "--mutant", "victim-by-generated",
+                          "--workload", "overflow-4", "--repeat", "1", "--report-dir", str(tmp_path), "--json"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    doc = json.loads(res.stdout)
+    assert doc["score"] == {"killed": 1, "judged": 1} and doc["base"] == c2.commit
+    assert json.loads((tmp_path / "mutants.json").read_text()) == doc
+    k = {x["check"]: x["reason"] for x in doc["mutants"][0]["kills"]}
     # released together the slots generated about as much (which one leads depends on when each
     # prompt finished): a slot went by its generated count, never the one holding the most (slot 3)
     m = re.search(r"terminated \[(\d)\], measured largest: \[3\]", k["victim-is-largest"])
     assert m and m[1] != "3", k
-
 
 def test_a_victim_entry_left_in_the_batch_shows_in_the_pools_accounting(c2, c2_base, tmp_path):
     """The review's 'nothing requires the batch surgery': the kept entry is decoded into a freed

@@ -76,9 +76,13 @@ SAMPLE_PINS = SAMPLE.read_text()[SAMPLE.read_text().index('"prs": [') + 8:SAMPLE
 def test_gate_then_pin_end_to_end(c2, c2_base, tmp_path):
     repo, sha, url, old, new = _pin_setup(c2, tmp_path)
     summary = tmp_path / "summary.md"
+    # the PR as GitHub reports it: open, the pinned commit its head
+    states = tmp_path / "states.json"
+    states.write_text(json.dumps({"ggml-org/llama.cpp#99999": {"state": "open", "head": sha, "commits": [sha]}}))
     res = patchkit("ci", "--repo", str(tmp_path / "llama.cpp"), "--base", "main", "--pr-set", str(new),
                    "--old-pr-set", str(old), "--report-dir", str(tmp_path / "reports"), "--summary", str(summary),
-                   "--workload", "overflow-4", "--workload", "victim-middle")
+                   "--workload", "overflow-4", "--workload", "victim-middle", "--pr-state", str(states),
+                   "--expect", "eviction", "--repeat", "1", "--owner", "myfork")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.strip().endswith("PASS")
     md = summary.read_text()
@@ -90,6 +94,11 @@ def test_gate_then_pin_end_to_end(c2, c2_base, tmp_path):
     # the passing report lets the pin land, in the fork's file
     fork = tmp_path / "fork-pr-set.json"
     fork.write_bytes(SAMPLE.read_bytes())
+    dry = patchkit("pin", "--pr-set", str(fork), "--url", url, "--report", str(report), "--dry-run", "--optional",
+                   "--owner", "myfork", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout) == {"action": "added", "url": url, "replaced": None,
+                                                              "written": False}, dry.stdout + dry.stderr
+    assert fork.read_bytes() == SAMPLE.read_bytes(), "--dry-run writes nothing"
     res = patchkit("pin", "--pr-set", str(fork), "--url", url, "--report", str(report))
     assert res.returncode == 0, res.stderr
     assert json.loads(fork.read_text())["prs"][-1] == url
@@ -124,19 +133,3 @@ def test_gate_fails_a_broken_pin(c2, c2_base, tmp_path):
     res = patchkit("pin", "--pr-set", str(fork), "--url", url, "--report", str(report))
     assert res.returncode == 9 and "failing" in res.stderr
     assert fork.read_bytes() == SAMPLE.read_bytes()
-
-
-def test_repro_script_end_to_end(c2, c2_base, tmp_path):
-    script = tmp_path / "repro.sh"
-    res = patchkit("repro", "--out", str(script), "--workload", "overflow-4", "--patchkit-spec", str(ROOT))
-    assert res.returncode == 0, res.stderr
-    env = dict(os.environ, WORK=str(tmp_path / "work"), PATCHKIT_VENV_FLAGS="--system-site-packages")
-    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=1800)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    out = run.stdout
-    assert "overflow-4: ok" in out and out.strip().endswith("PASS")
-    row3 = next(l for l in out.splitlines() if l.strip().startswith("3 ") and "100" in l)
-    assert "errored" in row3 and "Context size has been exceeded." in row3
-    for slot in "012":
-        row = next(l for l in out.splitlines() if l.strip().startswith(f"{slot} "))
-        assert "completed 240/240" in row

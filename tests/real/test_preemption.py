@@ -3,6 +3,7 @@ on real binaries: no request fails, each stream equals its control, the pool com
 no wait while nothing runs, a resumed request comes back where it paused. Every broken variant
 (patches/*/patch.toml) is caught, and the test asserts the reason."""
 import re
+from types import SimpleNamespace
 
 import git
 import pytest
@@ -104,11 +105,19 @@ def test_a_recompute_that_forgets_the_generated_tokens_resumes_elsewhere(c2, c2_
 
 
 def test_the_referee_table_measures_every_strategy_on_the_same_requests(c2, c2_base, tmp_path):
-    repo = git.Repo(c2.path)
-    entries = referee.parse(("base", "terminate:largest", "park:largest", "recompute:smallest"))
-    t = referee.referee(repo, source.resolve(repo, source.BASELINE_TAG), entries, [workload.load("overflow-4")],
-                        out_dir=tmp_path, say=lambda s: None)
-    rows = {r.entry: r for r in t.rows}
+    """Through the command a user types, every option of `referee` given."""
+    import json
+    import subprocess
+    import sys
+
+    args = [a for e in ("base", "terminate:largest", "park:largest", "recompute:smallest") for a in ("--strategy", e)]
+    res = subprocess.run([sys.executable, "-m", "toolkit", "referee", "--repo", str(c2.path), "--base",
+                          source.BASELINE_TAG, *args, "--workload", "overflow-4", "--model", "tiny",
+                          "--report-dir", str(tmp_path / "out"), "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    t = json.loads(res.stdout)
+    assert t["base_commit"] == c2.commit
+    rows = {r["entry"]: SimpleNamespace(**r) for r in t["rows"]}
     assert list(rows) == ["base", "terminate:largest", "park:largest", "recompute:smallest"]
     assert rows["base"].completed == 0 and rows["base"].collateral == 3          # one overflow, four failed
     assert rows["terminate:largest"].completed == 3 and rows["terminate:largest"].collateral == 0
@@ -117,8 +126,8 @@ def test_the_referee_table_measures_every_strategy_on_the_same_requests(c2, c2_b
         assert (r.completed, r.collateral, r.verdict) == (4, 0, "PASS") and r.parks >= 1, r
         assert r.exact == "4/4", r
     assert rows["park:largest"].recomputed == 0 < rows["recompute:smallest"].recomputed
-    paths = referee.write(t, tmp_path / "out")
-    assert "<svg" in paths["html"].read_text() and "| park:largest |" in paths["md"].read_text()
+    out = tmp_path / "out"
+    assert "<svg" in (out / "report.html").read_text() and "| park:largest |" in (out / "report.md").read_text()
 
 
 def test_park_applies_checks_and_reverts_like_the_eviction(c2, tmp_path):

@@ -19,21 +19,28 @@ def _leftovers(res):
 
 
 def test_ci_subset_passes_on_both_sides_of_the_eviction_patch(c2, c2_base, c2_patched, tmp_path):
-    repo = git.Repo(c2.path)
-    res = upstream.run(repo, c2.commit, c2_patched.commit, candidate_label="evict-largest-slot", tests=["ci"],
-                       out_dir=tmp_path)
-    c = res.comparison
-    both = set(c.passed_before) & set(c.passed_after)
+    """Through the command a user types, every option of `upstream-tests` given."""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "toolkit", "upstream-tests", "--repo", str(c2.path), "--base", c2.commit,
+                          "--candidate", c2_patched.commit, "--tests", "ci", "--repeat", "1", "--text-model", "tiny",
+                          "--timeout", "120", "--report-dir", str(tmp_path), "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    c = json.loads(res.stdout)
+    both = set(c["passed_before"]) & set(c["passed_after"])
     # measured on C2 with the tiny model: tokenize/detokenize, server start, props, models, slots,
     # aliases, completions (stream vs non-stream, same seed, n_probs ...) pass on both sides
-    assert len(both) >= 8, upstream.text_summary(res)
-    assert c.regressions == (), upstream.text_summary(res)
-    assert c.ok and not c.flaky
+    assert len(both) >= 8, c["counts"]
+    assert c["regressions"] == [], c["regressions"]
+    assert c["ok"] and not c["flaky"] and c["tests"] == ["ci"] and c["text_model"] == "tiny"
     # every test of the subset that did not run says why, and the subset's servers all stopped
-    assert all(why for _, why in c.not_run)
-    assert _leftovers(res) == []
-    assert [r.side for r in res.runs] == ["base", "candidate"]
-    assert all(r.binary.endswith("llama-server") for r in res.runs)
+    assert all(x["why"] for x in c["not_run"])
+    assert [x for r in c["runs"] for x in r["leftover_servers"]] == []
+    assert [r["side"] for r in c["runs"]] == ["base", "candidate"]
+    assert [r["commit"] for r in c["runs"]] == [c2.commit, c2_patched.commit]
+    assert all(r["binary"].endswith("llama-server") for r in c["runs"])
     assert (tmp_path / "base" / "junit.xml").exists() and (tmp_path / "candidate" / "junit.xml").exists()
 
 

@@ -1,4 +1,6 @@
 """Issue 3/4: patched builds on real binaries, the suite, and oracles that are proven able to fail."""
+from pathlib import Path
+from types import SimpleNamespace
 import re
 
 import git
@@ -149,13 +151,24 @@ def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
 
     from toolkit import apply, compare, model
 
+    import json
+    import subprocess
+    import sys
+
     repo = git.Repo(c2.path)
     sha, _ = apply.candidate_commit(repo, c2.commit)
     t = time.monotonic()
-    built = build.build(repo, sha, build.Options(sanitize=("address", "undefined"), sanitize_only=SANITIZE_SCOPE))
+    # through the command a user types: `patchkit build --sanitize ... --sanitize-only ...`
+    res = subprocess.run([sys.executable, "-m", "toolkit", "build", "--repo", str(c2.path), "--ref", sha, "--sanitize",
+                          "address,undefined", *sum((["--sanitize-only", f] for f in SANITIZE_SCOPE), []), "--json"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
     cost = time.monotonic() - t
+    built = SimpleNamespace(binary=Path(out["binary"]), reused=out["reused"])
+    assert out["commit"] == sha
     # the scope took: the patched TU's object calls ASan's checks, an out-of-scope one does not
-    objs = {o.name: o for o in built.workspace.build.rglob("*.o")}
+    objs = {o.name: o for o in Path(out["compile_commands"]).parent.rglob("*.o")}
     assert "__asan_report" in proc.run(["nm", objs["server-context.cpp.o"]]).out
     assert "__asan_report" not in proc.run(["nm", objs["llama-model.cpp.o"]]).out
     starts = {}
