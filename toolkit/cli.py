@@ -2,7 +2,7 @@
 
 Every command prints progress on stderr and its result on stdout (the last line is the
 path or verdict a script wants); --json prints one JSON document instead. Errors are
-PatchkitError subclasses, each with its own exit code (README, "Exit codes").
+PatchkitError subclasses, each with its own exit code (docs/exit-codes.md).
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def source_fetch(package: str, version: str, as_json: bool) -> None:
 
 @cli.command("model")
 @click.option("--arch", "arch", type=click.Choice(sorted(model_mod.FAMILIES)), default="tiny", show_default=True,
-              help="Which tiny family: tiny (llama), or another attention/memory layout (see README).")
+              help="Which tiny family: tiny (llama), or another attention/memory layout (docs/commands.md, model).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default: cache).")
 @click.option("--draft", is_flag=True, help="The draft model (same vocabulary) for speculative decoding.")
 def model_cmd(arch: str, out: Path | None, draft: bool) -> None:

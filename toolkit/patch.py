@@ -368,7 +368,7 @@ def _fork_hint(source: bytes) -> str:
         return ("This is ik_llama.cpp (layout E): its process_batch_tokens() treats `n_batch == 1 || ret < 0` as one "
                 "error and has no unified KV pool (--kv-unified), so there is no shared-pool overflow to evict from; "
                 "patchkit does not patch it.")
-    return "Supported layouts: A, B, C, C2, D (README, 'Layouts')."
+    return "Supported layouts: A, B, C, C2, D (docs/layouts.md)."
 
 
 # ------------------------------------------------------------------ rendering
