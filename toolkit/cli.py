@@ -808,7 +808,8 @@ def repro_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, work
               "(test_tokenize, unit/test_basic.py::test_server_props) or a named subset; repeatable. Default: the "
               "whole suite." + help_list(["ci"], "Subsets:"))
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20),
-              help="Runs per side; a test whose outcome flips between runs on one binary is flaky, never blamed.")
+              help="Runs per side. A test that passes in every base run and fails in any candidate run is an "
+              "intermittent regression (blamed, the runs named); one that flips between base runs is flaky.")
 @click.option("--text-model", "text_model", default="tiny", show_default=True,
               type=click.Choice(["tiny", *model_mod.REAL]), help="What serves the text presets (tinyllama2, "
               "stories15m_moe): the tiny GGUF (with its draft twin for speculative), or a real model from PyPI.")

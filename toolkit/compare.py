@@ -57,9 +57,11 @@ def server_checks(run: Run) -> list[Check]:
                else f"server died (exit code {run.exit_code})"),
         _check("serves-after", run.followup_ok, "a request sent afterwards completed" if run.followup_ok
                else "a request sent afterwards did not complete"),
-        _check("no-sanitizer-findings", not run.sanitizer,
-               "no AddressSanitizer/UBSan report in the server log" if not run.sanitizer
-               else f"{len(run.sanitizer)} finding(s), first: {run.sanitizer[0]}"),
+        Check("no-sanitizer-findings", "fail" if run.sanitizer else "pass" if run.sanitized else "skip",
+              f"{len(run.sanitizer)} finding(s), first: {run.sanitizer[0]}" if run.sanitizer else
+              f"no report in the server log of a binary carrying {' and '.join(run.sanitized)} (measured from "
+              "the binary)" if run.sanitized else
+              "the binary carries no sanitizer runtime (measured from the binary): nothing could report"),
     ]
 
 
@@ -110,7 +112,7 @@ def unchanged(run: Run) -> list[Check]:
                    f"{len(done)}/{len(run.outcomes)} completed")] + server_checks(run)
 
 
-def one_victim(run: Run, wl: Workload, policy: str = "largest") -> list[Check]:
+def one_victim(run: Run, wl: Workload, policy: str = "largest", witness_expected: bool = False) -> list[Check]:
     """The eviction, judged on measurements (measure.py); the patch's log is a second witness."""
     evs = measure.overflows(run, wl, policy)
     errored = [o for o in run.outcomes if o.outcome == "errored"]
@@ -132,7 +134,7 @@ def one_victim(run: Run, wl: Workload, policy: str = "largest") -> list[Check]:
                   f"(margin {e.margin} cells, uncertainty {e.uncertainty})"
                   + (" AMBIGUOUS" if e.margin <= e.uncertainty and set(e.terminated) <= set(e.expected) else "")
                   for e in evs) or "no eviction measured"))
-    checks.append(witness(run, evs))
+    checks.append(witness(run, evs, witness_expected))
     if wl.expect.shift or wl.expect.shape:
         if policy != "largest":
             checks.append(Check("designed-shape", "skip", f"this workload's shape is designed for the largest "
@@ -149,12 +151,20 @@ def one_victim(run: Run, wl: Workload, policy: str = "largest") -> list[Check]:
     return checks + server_checks(run)
 
 
-def witness(run: Run, evs: tuple[measure.Overflow, ...]) -> Check:
-    """The patch's own `patchkit-evict:` lines must agree with the measurement: same victims in
-    the same order, same offset, each slot's cells within the measurement's uncertainty."""
+def witness(run: Run, evs: tuple[measure.Overflow, ...], expected: bool = False) -> Check:
+    """The patch's own eviction lines must agree with the measurement: same victims in the same
+    order, same offset, the cells of every slot a line names within the measurement's
+    uncertainty. `expected`: the candidate is patchkit's eviction, which logs one line per
+    eviction, so a line that cannot be read (its wording changed, or it was never printed) fails:
+    a witness that cannot testify is not a witness that agrees."""
     logged = [e for e in run.events if e.kind == "evict"]
     if not logged:
-        return Check("witness-agrees", "skip", "the candidate logs no patchkit-evict line (not patchkit's patch)")
+        if expected and evs:
+            return Check("witness-agrees", "fail", f"{len(evs)} eviction(s) measured, but no eviction line of the "
+                         "patch could be read in the server log (expected one per eviction: 'KV cache is full: "
+                         "terminating slot N (C cells, ...) so that K other slots can continue, off = O')")
+        return Check("witness-agrees", "skip", "the candidate logs no eviction line (not patchkit's patch)"
+                     if not expected else "no eviction measured, and no eviction line logged")
     problems = []
     if [e.victim for e in logged] != [t for ev in evs for t in ev.terminated]:
         problems.append(f"log names victims {[e.victim for e in logged]}, measured "
@@ -301,17 +311,17 @@ SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "
 
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
           policy: str = "largest", base: Run | None = None, expect: str = "eviction",
-          base_reference: bool = False) -> Verdict:
+          base_reference: bool = False, witness: bool = False) -> Verdict:
     """The run's verdict, and every earlier start of it (made again for its shape) judged too:
     a start is never dropped for its verdict. An earlier start that did not overflow at all is
     held to "every request completes"."""
-    v = _judge(wl, side, run, index, control, policy, base, expect, base_reference)
+    v = _judge(wl, side, run, index, control, policy, base, expect, base_reference, witness)
     if not run.earlier:
         return v
     problems = []
     for e in run.earlier:
         overflowed = any(o.error == EXCEEDED for o in e.outcomes)
-        checks = (_judge(wl, side, e, index, control, policy, base, expect, base_reference).checks
+        checks = (_judge(wl, side, e, index, control, policy, base, expect, base_reference, witness).checks
                   if overflowed else tuple(unchanged(e)))
         problems += [f"start {e.attempts} ({e.log}): {c.name}: {c.detail}" for c in checks
                      if c.status == "fail" and c.name not in SHAPE_CHECKS]
@@ -323,7 +333,7 @@ def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None
 
 def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
            policy: str = "largest", base: Run | None = None, expect: str = "eviction",
-           base_reference: bool = False) -> Verdict:
+           base_reference: bool = False, witness: bool = False) -> Verdict:
     """expect "eviction": the workload's own expectations (base shows the bug, candidate evicts
     one). With `base_reference` (the base already evicts, or it is the fork's current nightly in
     the pin gate) the base side is not judged but compared with: the candidate must also not
@@ -345,7 +355,7 @@ def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | Non
     elif mode == "unchanged":
         checks = unchanged(run)
     elif mode == "one-victim":
-        checks = one_victim(run, wl, policy)
+        checks = one_victim(run, wl, policy, witness_expected=witness and side == "candidate")
     else:
         raise ValueError(f"unknown expectation '{mode}' in workload {wl.name}")
     if side == "candidate" and wl.expect.integrity:

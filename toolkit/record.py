@@ -92,6 +92,8 @@ class Run:
     # after the workload, one request sized to nearly the whole pool (runner's `probe_pool`): "" not
     # made, "completed", or what went wrong. Completing shows every cell came back to the pool.
     pool_probe: str = ""
+    # the sanitizer runtimes the server binary carries (runner.binary_sanitizers: measured from it)
+    sanitized: tuple[str, ...] = ()
 
 
 SANITIZER_RE = re.compile(r"(ERROR: AddressSanitizer.*|runtime error: .*|ERROR: LeakSanitizer.*|"

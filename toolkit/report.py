@@ -49,9 +49,34 @@ def _run_json(r: Run, wl: Workload, policy: str = "largest") -> dict:
     }
 
 
+def check_counts(res: Result) -> dict[str, dict[str, int]]:
+    """status -> {check name: how many times}, over every verdict of every workload and side."""
+    out: dict[str, dict[str, int]] = {"pass": {}, "skip": {}, "fail": {}}
+    for wr in res.results:
+        for v in wr.verdicts:
+            for c in v.checks:
+                out[c.status][c.name] = out[c.status].get(c.name, 0) + 1
+    return out
+
+
+def summary_line(res: Result) -> str:
+    """`N checks passed, M skipped: <names>` (and the failures): a skip is shown, never counted as
+    a pass silently."""
+    counts = check_counts(res)
+
+    def names(d: dict[str, int]) -> str:
+        return ", ".join(f"{n} x{k}" if k > 1 else n for n, k in sorted(d.items()))
+    line = f"{sum(counts['pass'].values())} checks passed, {sum(counts['skip'].values())} skipped"
+    line += f": {names(counts['skip'])}" if counts["skip"] else ""
+    if counts["fail"]:
+        line += f"; {sum(counts['fail'].values())} failed: {names(counts['fail'])}"
+    return line
+
+
 def to_json(res: Result) -> dict:
     out = {
         "schema": SCHEMA, "ok": res.ok, "repo": res.repo,
+        "summary": summary_line(res), "checks": check_counts(res),
         "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source, "policy": res.policy, "layout": res.layout,
         "model_sha256": res.model_sha256,
@@ -155,6 +180,7 @@ def text_table(res: Result) -> str:
                 for sd in ut.sides) + "; patchkit: base shows the bug (and fails as a fix), candidate passes: "
                 + ("yes" if ut.patchkit_separates else "no"))
         lines.append("")
+    lines.append(summary_line(res))
     return "\n".join(lines)
 
 

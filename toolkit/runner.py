@@ -17,6 +17,7 @@ dropped for its verdict.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -171,4 +172,22 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
                sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text),
-               pool_probe=pool_probe)
+               pool_probe=pool_probe, sanitized=binary_sanitizers(binary))
+
+
+# A runtime's entry symbol: present in a binary linked with -fsanitize=..., absent otherwise.
+RUNTIMES = {"address": b"__asan_init", "undefined": b"__ubsan_handle_"}
+
+
+def binary_sanitizers(binary: Path) -> tuple[str, ...]:
+    """The sanitizer runtimes `binary` carries, measured from its bytes (not from how it was
+    asked to be built): a `no-sanitizer-findings` pass means something only when one was there."""
+    st = Path(binary).stat()
+    return _runtimes(str(binary), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _runtimes(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    data = Path(path).read_bytes()
+    return tuple(name for name, sym in RUNTIMES.items() if sym in data)
+

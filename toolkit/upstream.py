@@ -9,7 +9,9 @@ candidate binary (env LLAMA_SERVER_BIN_PATH), and compare the pass sets:
     fails on both sides                 not judged
     fails before, passes after          gained
     skipped (no local model, slow ...)  not run, with the reason
-    flips between runs on one binary    flaky (--repeat N), never blamed
+    passes on every base run, fails on
+      some candidate run (--repeat N)   an intermittent regression (the failing runs named)
+    flips between base runs             flaky (--repeat N), never blamed
 
 Why a pytest plugin and not a filled LLAMA_CACHE: both C2 and D read a Hugging Face cache layout
 (common/hf-cache.cpp: models--ORG--REPO/refs, snapshots/COMMIT/FILE), but which file a preset
@@ -276,6 +278,16 @@ def compare(before: Sequence[Sequence[Outcome]], after: Sequence[Sequence[Outcom
             not_judged.append((tid, f"not in every run (base: {', '.join(bv)}; candidate: {', '.join(av)})"))
             continue
         ran.append(tid)
+        if set(bv) == {"pass"} and len(set(av)) > 1:
+            # passes on every base run, fails on some candidate run: an intermittent regression,
+            # exactly what a gate must catch (a flip on the base side is what makes a test flaky)
+            runs = [str(k + 1) for k, v in enumerate(av) if v != "pass"]
+            msg = next(r[tid].message for r in a_runs if r[tid].outcome != "passed")
+            pb.append(tid)
+            regressions.append(Regression(tid, f"intermittent: failed in candidate run{'s' * (len(runs) > 1)} "
+                                               f"{', '.join(runs)} of {len(av)}, passed in all {len(bv)} base "
+                                               f"run{'s' * (len(bv) > 1)}: {msg}"))
+            continue
         if len(set(bv)) > 1 or len(set(av)) > 1:
             flips = "; ".join(f"{side}: {', '.join(v)}" for side, v in (("base", bv), ("candidate", av))
                               if len(set(v)) > 1)

@@ -151,8 +151,10 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         for k, r in enumerate(base_runs):
             verdicts.append(compare.judge(wl, "base", r, k, expect=applied, base_reference=base_reference))
             if k < len(cand_runs):
+                # patchkit's own eviction logs one line per eviction: its witness must be readable
                 verdicts.append(compare.judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
-                                              expect=applied, base_reference=base_reference))
+                                              expect=applied, base_reference=base_reference,
+                                              witness=evicting_patch and patch_expect == "eviction"))
         side_by_side = (upstream_unified.compare_runs(wl, tuple(base_runs), tuple(cand_runs), tuple(verdicts), policy)
                         if wl.name == upstream_unified.WORKLOAD and applied == "eviction" and not base_reference
                         else None)

@@ -80,14 +80,19 @@ def test_compare_pass_sets():
     assert upstream.not_run_reasons(c) == {"embedding preset": 1}
 
 
-def test_compare_flaky_is_never_blamed():
-    """A test that flips between runs on one binary is flaky, on either side: not a regression."""
+def test_compare_flaky_base_is_never_blamed_an_intermittent_candidate_failure_is():
+    """A test that flips between base runs is flaky: not a regression. One that passes on every
+    base run and fails on some candidate run is an intermittent regression (issue 26), the runs named."""
     before = [[_o("a", "passed"), _o("b", "passed")], [_o("a", "failed", "timeout"), _o("b", "passed")]]
     after = [[_o("a", "failed", "timeout"), _o("b", "passed")], [_o("a", "failed", "timeout"), _o("b", "failed", "z")]]
     c = upstream.compare(before, after)
-    assert c.regressions == ()
-    assert dict(c.flaky) == {"a": "base: pass, fail", "b": "candidate: pass, fail"}
-    assert c.ok
+    assert dict(c.flaky) == {"a": "base: pass, fail"}
+    assert c.regressions == (Regression("b", "intermittent: failed in candidate run 2 of 2, passed in all 2 base "
+                                             "runs: z"),)
+    assert not c.ok and c.passed_before == ("b",)
+    # three candidate runs, two failing: both named
+    c = upstream.compare([[_o("b", "passed")]] * 3, [[_o("b", "failed", "y")], [_o("b", "passed")], [_o("b", "error", "y")]])
+    assert c.regressions[0].message.startswith("intermittent: failed in candidate runs 1, 3 of 3")
 
 
 def test_compare_repeated_regression_and_absent_tests():
