@@ -49,6 +49,7 @@ class SlotAt:
     position: int      # its entry's index in the failing batch
     spread: int        # uncertainty of generated/cells (0: exact)
     source: str        # "own stream" or the Offset's source
+    phase: str = "generating"  # or "prompt": in play without an entry of its own (a prompt chunk)
 
 
 @dataclass(frozen=True)
@@ -247,12 +248,12 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             s_ = prompting[0]
             below = max(0, off - len(entries))
             slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, leaked + below, len(entries), 0,
-                                "server log (pool accounting)"))
+                                "server log (pool accounting)", "prompt"))
             leaked = 0
         else:
             for s_ in prompting:
                 if s_ in group:  # several in their prompt: their cells are not told apart
-                    slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, 0, len(slots), 0, "server log"))
+                    slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, 0, len(slots), 0, "server log", "prompt"))
         expected, margin, unc = _choose(slots, policy, wl, tasks)
         err_at = outs[group[0]].t_end if group else 0.0
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),

@@ -87,6 +87,7 @@ class PatchSpec:
     policy_what: dict = field(default_factory=lambda: dict(POLICY_WHAT))
     expect: str = "eviction"       # the expectations its verdicts apply (compare.py)
     layouts: tuple[str, ...] = ()  # the layouts it is written for (empty: every layout the anchors allow)
+    shapes: tuple[str, ...] = ()   # the failure-point shapes its handler can meet (coverage.py's vocabulary)
 
 
 def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
@@ -101,6 +102,10 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
         if unknown:  # a typo would silently render the right patch under a mutant's name
             raise UsageError(f"{meta}: variant '{name_}' sets unknown switches {sorted(unknown)}; "
                              f"known: {', '.join(switches)}.")
+    from .coverage import SHAPES
+    unknown_shapes = [x for x in d.get("shapes", ()) if x not in SHAPES]
+    if unknown_shapes:
+        raise UsageError(f"{meta}: unknown shapes {unknown_shapes}; known: {', '.join(SHAPES)}.")
     helper = d.get("helper", HELPER)
     definitions = tuple(d.get("definitions", ())) or (rf"\bbool {helper}\(int32_t",
                                                       rf"\bvoid {SURGERY}\((llama_batch & batch, )?int32_t id_slot")
@@ -108,7 +113,7 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
                      tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}),
                      PATCHES_DIR / d.get("templates", name), helper, definitions, switches, d.get("params", {}),
                      {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"),
-                     tuple(d.get("layouts", ())))
+                     tuple(d.get("layouts", ())), tuple(d.get("shapes", ())))
 
 
 def all_policies() -> list[str]:

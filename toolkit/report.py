@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import compare, measure
+from . import compare, coverage, measure
 from .verify import Result, WorkloadResult
 from .record import Run
 from .workload import Workload
@@ -70,6 +70,10 @@ def summary_line(res: Result) -> str:
     line += f": {names(counts['skip'])}" if counts["skip"] else ""
     if counts["fail"]:
         line += f"; {sum(counts['fail'].values())} failed: {names(counts['fail'])}"
+    if res.coverage:
+        gone = coverage.missed(res.coverage)
+        line += (f"; shapes reached {len(res.coverage) - len(gone)}/{len(res.coverage)}"
+                 + (f", not reached: {', '.join(gone)}" if gone else ""))
     return line
 
 
@@ -77,6 +81,7 @@ def to_json(res: Result) -> dict:
     out = {
         "schema": SCHEMA, "ok": res.ok, "repo": res.repo,
         "summary": summary_line(res), "checks": check_counts(res),
+        "coverage": [{"shape": c.shape, "reached_by": c.by} for c in res.coverage],
         "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source, "policy": res.policy, "layout": res.layout,
         "model_sha256": res.model_sha256,
@@ -179,6 +184,11 @@ def text_table(res: Result) -> str:
                 f"{sd.side}#{sd.run} {'PASS' if sd.upstream.ok else 'FAIL'} ({sd.upstream.asserted} assertions)"
                 for sd in ut.sides) + "; patchkit: base shows the bug (and fails as a fix), candidate passes: "
                 + ("yes" if ut.patchkit_separates else "no"))
+        lines.append("")
+    if res.coverage:
+        lines.append("shapes of the failure point (coverage):")
+        w = max(len(c.shape) for c in res.coverage)
+        lines += [f"  {c.shape:<{w}}  {c.by or 'NOT REACHED'}" for c in res.coverage]
         lines.append("")
     lines.append(summary_line(res))
     return "\n".join(lines)

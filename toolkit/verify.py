@@ -17,6 +17,7 @@ from .errors import UsageError
 
 from . import build as build_mod
 from . import compare, measure, model, upstream_unified
+from . import coverage as coverage_mod
 from .record import Run
 from .runner import run as run_workload
 from .workload import Workload
@@ -57,6 +58,8 @@ class Result:
     expect: str = "eviction"      # the expectations applied: eviction | no-regression
     expect_why: str = ""
     base_why: str = ""            # how the base was chosen (the candidate's is candidate_label)
+    # the failure-point shapes the candidate's runs reached (coverage.py), each with its first run
+    coverage: tuple[coverage_mod.Reached, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -72,10 +75,12 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               layout: str | None = None, model_name: str | None = None, expect: str = "auto",
               evicting_patch: bool = False, base_reference: bool = False, sides: tuple[str, str] = ("base", "candidate"),
               reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None,
-              patch_expect: str = "eviction") -> Result:
+              patch_expect: str = "eviction", shapes: tuple[str, ...] | None = None) -> Result:
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
     each workload's control and base runs are made once and shared by every candidate.
-    `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`)."""
+    `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`).
+    `shapes`: the failure-point shapes the candidate's handler can meet (its patch.toml); None:
+    every shape of the applied expectations (a candidate that is not patchkit's)."""
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -162,10 +167,18 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                              model_name or wl.model, tiny.sha256, side_by_side)
         say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
+    declared = shapes if shapes is not None else {"eviction": coverage_mod.EVICTION,
+                                                  "preemption": coverage_mod.PREEMPTION}.get(applied, ())
+    # the judged runs first, then the earlier starts (judged too): a shape is credited to the run
+    # whose workload was designed to reach it before a start that happened to
+    judged = [(f"{wl.name} run {k + 1}", r, wl) for wl, _, _, _, cand_runs in recorded for k, r in enumerate(cand_runs)]
+    judged += [(f"{wl.name} run {k + 1} (start {e.attempts})", e, wl) for wl, _, _, _, cand_runs in recorded
+               for k, r in enumerate(cand_runs) for e in r.earlier]
+    cov = coverage_mod.matrix(judged, tuple(declared), applied, policy) if cand_bin and declared else ()
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
-                  applied, why)
+                  applied, why, coverage=cov)
 
 
 def expectations(expect: str, recorded, patch: str | None = None,
@@ -207,10 +220,11 @@ def expectations(expect: str, recorded, patch: str | None = None,
 PROBE = "overflow-4"
 # With a real model (`--model smollm2`): workloads of real text, sized in the model's own tokens.
 REAL_SUITE = ["text-overflow-4"]
-# The default suite, in the order that shows the most first.
+# The default suite, in the order that shows the most first. Every workload that kills a mutant or
+# reaches a shape of the failure point (coverage.py) is here: a default PASS is the proof.
 SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle",
-         "victim-decoded", "cells-not-prompt", "two-overflows", "fits",
-         "single-slot"]
+         "victim-decoded", "cells-not-prompt", "two-overflows", "two-slots", "prompt-victim", "prompt-survivor",
+         "stateful-4", "swa-overflow-4", "hybrid-overflow-4", "fits", "single-slot"]
 
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,
@@ -326,5 +340,6 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
         res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
                         policy=policy, candidate_label=label, candidate_source=src, layout=layout,
                         model_name=model_name, expect=expect, evicting_patch=evicting, say=ui.say,
-                        progress=ui.progress, patch_expect=patch_mod.load_patch(family).expect)
+                        progress=ui.progress, patch_expect=patch_mod.load_patch(family).expect,
+                        shapes=patch_mod.load_patch(family).shapes if evicting else None)
     return replace(res, timings=prep + res.timings, base_why=why)

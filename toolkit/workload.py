@@ -34,13 +34,27 @@ class Request:
     # completions of this prompt (the server's `n_cmpl`): the request takes its pinned slot and
     # n_cmpl - 1 free ones, children that copy its prompt cells; one HTTP response for the family
     n_cmpl: int = 1
+    # stateful sampling (issue 26): temperature > 0 draws from the sampler's RNG (seeded per request,
+    # `seed`), top_k 40 and a presence penalty: a survivor's sampler then carries state from token
+    # to token, so a patch that resets or disturbs it changes the stream (greedy hides that)
+    temperature: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int = 1
+
+    @property
+    def stateful(self) -> bool:
+        return bool(self.temperature or self.repeat_penalty or self.presence_penalty)
 
     def body(self) -> dict:
         b = {
             "prompt": list(self.prompt), "n_predict": self.n_predict, "id_slot": self.slot,
-            "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": 1, "stream": self.stream,
+            "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": self.seed, "stream": self.stream,
             "return_tokens": True, "cache_prompt": False,
         }
+        if self.temperature:
+            b.update(temperature=self.temperature, top_k=40, top_p=1.0, min_p=0.0)
+        if self.presence_penalty:
+            b.update(presence_penalty=self.presence_penalty)
         if self.repeat_penalty:
             b.update(repeat_penalty=self.repeat_penalty, repeat_last_n=64)
         if self.n_cmpl > 1:

@@ -178,5 +178,50 @@ def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
         v = compare.judge(wl, "candidate", r)
         assert not r.sanitizer, r.sanitizer
         assert all(c.status != "fail" for c in v.checks), [(c.name, c.detail) for c in v.checks if not c.ok]
+        # the check had something to testify with: the runtimes, measured from the binary
+        san = next(c for c in v.checks if c.name == "no-sanitizer-findings")
+        assert r.sanitized == ("address", "undefined") and san.status == "pass", (r.sanitized, san)
         starts[name] = r.attempts
     print(f"sanitizer build: {cost:.0f} s ({'cached' if built.reused else 'built'}); server starts {starts}")
+
+
+def test_checks_without_evidence_skip_or_fail_never_pass(c2, c2_base, c2_patched, tmp_path):
+    """Issue 26 item 5, on real runs. A plain binary carries no sanitizer runtime, so
+    `no-sanitizer-findings` is skipped (and the summary line names it); patchkit's own eviction
+    whose log line was reworded cannot testify, so `witness-agrees` fails, for that reason only."""
+    import json
+    import subprocess
+    import sys
+
+    from toolkit import apply, compare, model, patch
+
+    from .conftest import commit_on
+
+    repo = git.Repo(c2.path)
+    r = runner.run(c2_patched.binary, model.ensure().path, workload.load("overflow-4"), tmp_path / "plain.log")
+    assert r.sanitized == ()
+    v = compare.judge(workload.load("overflow-4"), "candidate", r, witness=True)
+    checks = {c.name: c for c in v.checks}
+    assert checks["no-sanitizer-findings"].status == "skip", checks["no-sanitizer-findings"]
+    assert "carries no sanitizer runtime" in checks["no-sanitizer-findings"].detail
+    assert checks["witness-agrees"].status == "pass", checks["witness-agrees"]
+
+    # the right patch, its one log line reworded, committed as patchkit's series (its trailer kept)
+    right, an = apply.candidate_commit(repo, c2.commit)
+    text = repo.git.show(f"{right}:{an.file}")
+    assert text.count("KV cache is full: terminating slot") == 1
+    reworded = commit_on(repo, c2.commit, {an.file: text.replace("KV cache is full: terminating slot",
+                                                                 "KV cache full; ending slot") + "\n"},
+                         f"server: reworded eviction line\n\n{apply.TRAILER_PATCH}: {patch.DEFAULT_PATCH} policy=largest\n")
+    res = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--repo", str(c2.path), "--base", c2.commit,
+                          "--candidate", reworded, "--workload", "overflow-4", "--report-dir", str(tmp_path / "out")],
+                         capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    fails = {c["name"]: c["detail"] for v in rep["workloads"]["overflow-4"]["verdicts"] if v["side"] == "candidate"
+             for c in v["checks"] if c["status"] == "fail"}
+    assert set(fails) == {"witness-agrees"}, fails
+    assert "no eviction line of the patch could be read" in fails["witness-agrees"]
+    # the summary line shows what was skipped, by name, and what failed
+    line = next(x for x in res.stdout.splitlines() if "checks passed" in x)
+    assert "skipped: " in line and "no-sanitizer-findings x" in line and "1 failed: witness-agrees" in line, line

@@ -1,0 +1,56 @@
+"""Shape coverage (issue 26), pure: each measured overflow is read into the cells it reached."""
+from toolkit import coverage, patch, workload
+from toolkit.measure import Overflow, SlotAt
+
+
+def ov(slots, terminated, off, entries, expected=None):
+    return Overflow(0.0, tuple(terminated), tuple(slots), 1024, off, entries, tuple(expected or terminated), 10, 0)
+
+
+def gen(slot, position, cells=100):
+    return SlotAt(slot, 40, cells - 40, cells, position, 0, "server log")
+
+
+def prompt(slot, position, cells=500):
+    return SlotAt(slot, 900, 0, cells, position, 0, "server log (pool accounting)", "prompt")
+
+
+def test_victim_first_of_four_generating_at_off_0():
+    got = coverage.overflow_shapes(ov([gen(0, 0, 300), gen(1, 1), gen(2, 2), gen(3, 3)], [0], 0, 4))
+    assert got == {"in play: 3+", "victim: generating", "survivor: generating", "victim undecoded: 1",
+                   "survivor undecoded: 1", "victim entries: before every survivor's"}
+
+
+def test_victim_decoded_before_the_pool_ran_out_and_between_survivors():
+    got = coverage.overflow_shapes(ov([gen(0, 0), gen(1, 1, 300), gen(2, 2)], [1], 2, 3))
+    assert {"victim undecoded: 0", "survivor undecoded: 0", "survivor undecoded: 1",
+            "victim entries: between survivors'"} <= got
+
+
+def test_victim_in_its_prompt_with_a_chunk_undecoded_and_two_in_play():
+    # 2 generating entries, then the prompt chunk (62 entries) from position 2; failure at off 5
+    got = coverage.overflow_shapes(ov([gen(0, 0), prompt(3, 2)], [3], 5, 64))
+    assert {"in play: 2", "victim: in its prompt", "victim undecoded: >1", "survivor undecoded: 0",
+            "victim entries: after every survivor's"} <= got
+
+
+def test_a_survivor_in_its_prompt():
+    got = coverage.overflow_shapes(ov([gen(0, 0, 600), gen(1, 1), prompt(2, 2, 300)], [0], 0, 40))
+    assert {"survivor: in its prompt", "survivor undecoded: >1", "victim: generating"} <= got
+
+
+def test_matrix_names_the_first_run_and_what_no_run_reached():
+    wl = workload.load("overflow-4")
+    assert coverage.sampler(wl) == "sampler: greedy"
+    declared = patch.load_patch().shapes
+    assert set(declared) == set(coverage.EVICTION)
+    cov = coverage.matrix([], declared, "eviction")
+    assert coverage.missed(cov) == list(declared)
+
+
+def test_every_family_declares_known_shapes():
+    for fam in patch.families():
+        spec = patch.load_patch(fam)
+        assert spec.shapes and set(spec.shapes) <= set(coverage.SHAPES), fam
+    # park and recompute park generating slots only: a prompt-phase park is not theirs to reach
+    assert "parked: in its prompt" not in patch.load_patch("park-slot").shapes
