@@ -23,6 +23,9 @@ from . import data_dir
 from .errors import LayoutError, PatchError, UsageError  # noqa: F401 (LayoutError re-exported)
 
 PATCHES_DIR = data_dir("patches")
+# A fork keeps families of its own in folders of its own: PATCHKIT_FAMILIES names more directories
+# (os.pathsep-separated), each holding one folder per family, searched after patches/.
+FAMILIES_ENV = "PATCHKIT_FAMILIES"
 DEFAULT_PATCH = "evict-largest-slot"
 # The names the patch gives its code: what a maintainer would call them (no tool names in the C++;
 # patchkit recognises its series by commit trailers and by these definitions, see state()).
@@ -88,13 +91,29 @@ class PatchSpec:
     expect: str = "eviction"       # the expectations its verdicts apply (compare.py)
     layouts: tuple[str, ...] = ()  # the layouts it is written for (empty: every layout the anchors allow)
     shapes: tuple[str, ...] = ()   # the failure-point shapes its handler can meet (coverage.py's vocabulary)
+    strategy: str = ""             # its name as a referee strategy (terminate, park, ...); "": not a row
+    parts: tuple[tuple[str, str], ...] = ()  # (template, anchor): where each part of the C++ goes (ANCHORS)
+
+
+def family_dirs() -> list[Path]:
+    """patches/, then every directory PATCHKIT_FAMILIES names (read at each call: a test or a fork
+    sets it per process)."""
+    import os
+    extra = [Path(p).expanduser() for p in os.environ.get(FAMILIES_ENV, "").split(os.pathsep) if p]
+    return [PATCHES_DIR, *extra]
+
+
+def family_dir(name: str) -> Path | None:
+    """The folder of family `name` (the first directory that has it), or None."""
+    return next((d / name for d in family_dirs() if (d / name / "patch.toml").is_file()), None)
 
 
 def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
-    meta = PATCHES_DIR / name / "patch.toml"
-    if not meta.exists():
-        known = sorted(p.name for p in PATCHES_DIR.iterdir() if (p / "patch.toml").exists())
-        raise UsageError(f"no patch named '{name}'. Known: {', '.join(known)}.")
+    folder = family_dir(name)
+    if folder is None:
+        raise UsageError(f"no patch named '{name}'. Known: {', '.join(families())}"
+                         f" (in {', '.join(str(d) for d in family_dirs())}).")
+    meta = folder / "patch.toml"
     d = tomllib.loads(meta.read_text())
     switches = {**RIGHT, **d.get("switches", {})}
     for name_, v in d.get("variants", {}).items():
@@ -106,14 +125,20 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
     unknown_shapes = [x for x in d.get("shapes", ()) if x not in SHAPES]
     if unknown_shapes:
         raise UsageError(f"{meta}: unknown shapes {unknown_shapes}; known: {', '.join(SHAPES)}.")
+    parts = tuple((str(t), str(a)) for t, a in d.get("parts", DEFAULT_PARTS).items())
+    bad = [a for _, a in parts if a not in ANCHORS]
+    if bad:
+        raise UsageError(f"{meta}: unknown anchors {bad}; the engine knows: {', '.join(ANCHORS)}.")
     helper = d.get("helper", HELPER)
     definitions = tuple(d.get("definitions", ())) or (rf"\bbool {helper}\(int32_t",
                                                       rf"\bvoid {SURGERY}\((llama_batch & batch, )?int32_t id_slot")
     return PatchSpec(d["name"], d["summary"], tuple(d["policies"]),
                      tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}),
-                     PATCHES_DIR / d.get("templates", name), helper, definitions, switches, d.get("params", {}),
+                     family_dir(d["templates"]) if "templates" in d else folder, helper, definitions, switches,
+                     d.get("params", {}),
                      {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"),
-                     tuple(d.get("layouts", ())), tuple(d.get("shapes", ())))
+                     tuple(d.get("layouts", ())), tuple(d.get("shapes", ())), d.get("strategy", ""),
+                     parts)
 
 
 def all_policies() -> list[str]:
@@ -122,8 +147,8 @@ def all_policies() -> list[str]:
 
 
 def families() -> list[str]:
-    """Every patch under patches/ (a folder with a patch.toml)."""
-    return sorted(p.name for p in PATCHES_DIR.iterdir() if (p / "patch.toml").exists())
+    """Every family: a folder with a patch.toml under patches/ or a PATCHKIT_FAMILIES directory."""
+    return sorted({p.name for d in family_dirs() if d.is_dir() for p in d.iterdir() if (p / "patch.toml").exists()})
 
 
 # ------------------------------------------------------------------ analysis
@@ -383,7 +408,7 @@ def templates(spec: PatchSpec) -> jinja2.Environment:
     lacks is an error, never an empty string in C++)."""
     # a family's own folder first, then patches/ itself: a family includes another's parts by path
     # (the preemption families take the eviction's batch surgery as it is)
-    return jinja2.Environment(loader=jinja2.FileSystemLoader([str(spec.root), str(PATCHES_DIR)]),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader([str(spec.root), *map(str, family_dirs())]),
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                               keep_trailing_newline=True)
 
@@ -395,6 +420,18 @@ def state(text: str, spec: PatchSpec) -> str:
     if all(found):
         return "applied"
     return "partial" if any(found) else "clean"
+
+
+# The insertion points the analysis finds by meaning (analyze). A family's patch.toml `[parts]` maps
+# each of its templates to one of them; without `[parts]`, DEFAULT_PARTS (the eviction's three).
+ANCHORS = (
+    "batch-surgery",       # the batch's surgery: a server_batch member, or a free function before the server
+    "server-method",       # a method of the server context, before the one holding the decode handler
+    "decode-handler",      # replaces upstream's all-slots error loop (the TODO) in the decode handler
+    "slot-state-enum",     # a value appended to enum slot_state
+    "before-pre-decode",   # a statement before update_slots' pre_decode() call
+)
+DEFAULT_PARTS = {"surgery.cpp.j2": "batch-surgery", "helper.cpp.j2": "server-method", "hook.cpp.j2": "decode-handler"}
 
 
 # The template's structural switches, as the right patch sets them. A mutant (patch.toml,
@@ -429,32 +466,45 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
                           "prompt_clear(), common_memory); nothing was written.")
     env = templates(spec)
     ctx = dict(f=facts, helper=spec.helper, surgery=SURGERY, policy=policy, stage=stage, **spec.params, **params)
-    extra = []  # (at, text): the parts only some families have
-    for part, at, indent in (("state.cpp.j2", facts.enum_at, facts.enum_indent),
-                             ("resume.cpp.j2", facts.resume_at, facts.resume_indent)):
-        if not (spec.root / part).exists():
-            continue
-        if at < 0:
-            raise LayoutError(f"{facts.file}: layout {facts.layout} has no place for '{spec.name}' "
-                              f"({'enum slot_state' if part.startswith('state') else 'a pre_decode() step in update_slots'}); "
-                              "the preemption patches are written for layouts C2 and D.")
-        extra.append((at, textwrap.indent(env.get_template(part).render(**ctx), indent, lambda l: l.strip() != "")))
-    surgery = env.get_template("surgery.cpp.j2").render(**ctx)
-    helper = env.get_template("helper.cpp.j2").render(**ctx)
-    hook = env.get_template("hook.cpp.j2").render(**ctx)
     member = facts.batch_model != "plain"
-    surgery = textwrap.indent(surgery, "    " if member else "", lambda l: l.strip() != "")
-    surgery = ("\n" + surgery) if member else (surgery + "\n")
-    helper = textwrap.indent(helper, facts.helper_indent, lambda l: l.strip() != "") + "\n"
-    hook = "\n" + textwrap.indent(hook.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "")
+    edits: list[tuple[int, str]] = []  # (offset, text) inserted; the decode handler's part replaces a range
+    hook = None
+    for template, anchor in spec.parts:
+        text = env.get_template(template).render(**ctx)
+        if anchor == "decode-handler":
+            hook = "\n" + textwrap.indent(text.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "")
+            continue
+        at, indent = _anchor(facts, anchor, spec)
+        text = textwrap.indent(text, indent, lambda l: l.strip() != "")
+        if anchor == "batch-surgery":
+            text = ("\n" + text) if member else (text + "\n")
+        elif anchor == "server-method":
+            text += "\n"
+        edits.append((at, text))
+    if hook is None:
+        raise UsageError(f"'{spec.name}' has no part at the decode-handler anchor: nothing would call it.")
     hook_end = facts.hook_end if facts.hook_end > 0 else facts.hook_at
     # edit from the latest offset back, so the earlier ones stay valid
     assert facts.surgery_at < facts.helper_at < facts.hook_at <= hook_end
     out = source[: facts.hook_at] + hook.encode() + (b"" if facts.hook_end > 0 else b"\n") + source[hook_end:]
-    edits = [(facts.helper_at, helper), (facts.surgery_at, surgery), *extra]
     for at, text in sorted(edits, key=lambda e: -e[0]):
         out = out[:at] + text.encode() + out[at:]
     return out
+
+
+def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
+    """(offset, indent) of an insertion point the analysis found by meaning."""
+    if anchor == "batch-surgery":
+        return facts.surgery_at, "    " if facts.batch_model != "plain" else ""
+    if anchor == "server-method":
+        return facts.helper_at, facts.helper_indent
+    at, indent, what = {"slot-state-enum": (facts.enum_at, facts.enum_indent, "enum slot_state"),
+                        "before-pre-decode": (facts.resume_at, facts.resume_indent,
+                                              "a pre_decode() step in update_slots")}[anchor]
+    if at < 0:
+        raise LayoutError(f"{facts.file}: layout {facts.layout} has no place for '{spec.name}' ({what}); "
+                          "the preemption patches are written for layouts C2 and D.")
+    return at, indent
 
 
 def stage_texts(source: bytes, facts: Facts, spec: PatchSpec, policy: str = "largest",

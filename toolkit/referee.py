@@ -25,9 +25,18 @@ from . import verify as verify_mod
 from .record import Run
 from .workload import Workload
 
-# strategy name -> (patch family or None for the base, its mode for the table)
-STRATEGIES = {"base": (None, "none"), "terminate": (patch_mod.DEFAULT_PATCH, "terminate"),
-              "park": ("park-slot", "swap"), "recompute": ("recompute-slot", "recompute")}
+def strategies() -> dict[str, tuple[str | None, str]]:
+    """strategy name -> (patch family or None for the base, its mode for the table). Each family
+    declares its strategy in its patch.toml (`strategy`, and `params.mode`): a family added as a
+    folder (patches/ or PATCHKIT_FAMILIES) is a referee row with no code naming it."""
+    out: dict[str, tuple[str | None, str]] = {"base": (None, "none")}
+    for fam in patch_mod.families():
+        spec = patch_mod.load_patch(fam)
+        if spec.strategy:
+            out[spec.strategy] = (fam, str(spec.params.get("mode", spec.strategy)))
+    return out
+
+
 DEFAULT = ("base", "terminate:largest", "park:largest", "park:smallest", "park:not-leader-smallest",
            "recompute:largest", "recompute:smallest")
 DEFAULT_WORKLOADS = ("overflow-4", "staggered", "overflow-8", "staggered-8")
@@ -80,10 +89,11 @@ def parse(entries: tuple[str, ...]) -> list[Entry]:
     out = []
     for e in entries:
         strat, _, policy = e.partition(":")
-        if strat not in STRATEGIES:
-            raise UsageError(f"unknown strategy '{strat}' in '{e}'; known: {', '.join(STRATEGIES)} "
+        known = strategies()
+        if strat not in known:
+            raise UsageError(f"unknown strategy '{strat}' in '{e}'; known: {', '.join(known)} "
                              "(each but base as STRATEGY:POLICY, e.g. park:smallest).")
-        fam = STRATEGIES[strat][0]
+        fam = known[strat][0]
         if fam is None:
             if policy:
                 raise UsageError("the base has no policy: write `base`.")
@@ -104,7 +114,7 @@ def row(entry: Entry, wl: Workload, run: Run, control: Run | None, verdict, expe
     makespan = max(o.t_end for o in outs) - t0
     ps = measure.pauses(run)
     all_p = [p for v in ps.values() for p in v]
-    recompute = STRATEGIES[entry.strategy][1] == "recompute"
+    recompute = strategies()[entry.strategy][1] == "recompute"
     exact = "-"
     if control is not None:
         ctl = {o.slot: o for o in control.outcomes}
@@ -135,7 +145,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
     layout = None
     base_rows_done = False
     for entry in entries:
-        fam = STRATEGIES[entry.strategy][0]
+        fam = strategies()[entry.strategy][0]
         if fam is None:
             continue  # the base's rows come with the first candidate's shared runs
         spec = patch_mod.load_patch(fam)

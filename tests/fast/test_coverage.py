@@ -54,3 +54,10 @@ def test_every_family_declares_known_shapes():
         assert spec.shapes and set(spec.shapes) <= set(coverage.SHAPES), fam
     # park and recompute park generating slots only: a prompt-phase park is not theirs to reach
     assert "parked: in its prompt" not in patch.load_patch("park-slot").shapes
+
+
+def test_the_default_suite_holds_the_family_workloads_export_shows():
+    from toolkit import export, verify
+    assert set(export.FAMILIES) <= set(verify.SUITE)
+    for name in ("two-slots", "prompt-victim", "prompt-survivor", "stateful-4"):
+        assert name in verify.SUITE
