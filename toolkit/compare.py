@@ -304,6 +304,11 @@ def reference(run: Run, wl: Workload) -> list[Check]:
     return [Check("reference", "skip", f"the before side, compared with, not judged: {what}")]
 
 
+# The expectations a candidate can be judged by (`--expect`, a family's patch.toml `expect`); `auto`
+# picks one by measurement (verify.expectations). One registry: the CLI's choices come from here.
+EXPECTATIONS = ("eviction", "preemption", "no-regression")
+
+
 # Checks that say whether a run had the shape its workload is designed for: the reason a start is
 # made again, so an earlier start is not failed by them (it is judged by everything else).
 SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "designed-shape")
@@ -339,7 +344,9 @@ def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | Non
     the pin gate) the base side is not judged but compared with: the candidate must also not
     regress from it. "no-regression": the base side is a reference; the candidate must not do
     worse on any request, and its server must stay healthy."""
-    if expect == "preemption" and side == "candidate":
+    if expect == "preemption" and side == "candidate" and wl.expect.base == "all-error":
+        # on an overflow workload; a workload whose base does not overflow (fits, single-slot) keeps
+        # its own expectation below: a preemption must change nothing there
         # a model measured not batch-invariant cannot be held to its control once the batch changed
         return Verdict(wl.name, side, index, tuple(server_checks(run) + preemption(
             run, wl, control, exact=wl.expect.integrity is True)))

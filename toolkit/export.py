@@ -40,7 +40,11 @@ class Exported:
 
 
 def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg: str, mutants_json: Path | None,
-           sanitize: bool, repeat: int, say, progress) -> Exported:
+           sanitize: bool, repeat: int, say, progress, patch_name: str | None = None) -> Exported:
+    """`patch_name`: the family the series was rendered from (default: its commits' trailer, else
+    the eviction); its expectations and shapes judge the runs."""
+    from .verify import series_patch
+    spec = patch_mod.load_patch(patch_name or series_patch(repo, candidate) or patch_mod.DEFAULT_PATCH)
     if base == candidate:
         raise UsageError("the series is empty: base and candidate are the same commit.")
     commits = list(repo.iter_commits(f"{base}..{candidate}", first_parent=True))
@@ -70,11 +74,12 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
 
     say("measuring: the default suite, base vs the series")
     suite = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in verify_mod.SUITE], repeat=repeat,
-                                 work_dir=out_dir / "logs" / "suite", expect="eviction", evicting_patch=True,
-                                 candidate_label="the series", say=say, progress=progress)
+                                 work_dir=out_dir / "logs" / "suite", expect=spec.expect, evicting_patch=True,
+                                 candidate_label="the series", say=say, progress=progress,
+                                 patch_expect=spec.expect, shapes=spec.shapes)
     # the model-family workloads are in the default suite: their section shows the suite's runs of them
     families = replace(suite, results=tuple(r for r in suite.results if r.workload.name in FAMILIES))
-    an = apply_mod.analyze(repo, base, patch_mod.load_patch(), progress=progress)  # facts cached: no parse again
+    an = apply_mod.analyze(repo, base, spec, progress=progress)  # facts cached: no parse again
     layout = an.facts.layout if an.facts else None
     prop = None
     try:
@@ -89,7 +94,8 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
     if sanitize:
         say(f"measuring: the suite's overflow workloads with ASan+UBSan on {', '.join(san_scope)}")
         san = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in ("overflow-4", "victim-first")],
-                                   work_dir=out_dir / "logs" / "sanitize", expect="eviction", evicting_patch=True,
+                                   work_dir=out_dir / "logs" / "sanitize", expect=spec.expect, evicting_patch=True,
+                                   patch_expect=spec.expect,
                                    opts=build_mod.Options(sanitize=("address", "undefined"), sanitize_only=san_scope),
                                    candidate_label="the series", say=say, progress=progress)
     subject = commits[-1].summary
