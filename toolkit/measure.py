@@ -204,6 +204,12 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
     tr = run.trace
     slot_of = {t.task: t.slot for t in tr if t.kind == "launch"}
     events: list[Overflow] = []
+    # slots an earlier overflow terminated, and (per step) the batch positions its surgery removed:
+    # a second overflow in the SAME step (the retry after the first eviction ran out again) sees the
+    # batch without them, later entries shifted down
+    gone: set[int] = set()
+    removed: dict[int, list[int]] = {}
+    chunk_cut: dict[int, int] = {}   # per step: prompt-chunk entries an earlier surgery took out
     i = 0
     while i < len(tr):
         t = tr[i]
@@ -217,8 +223,11 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             j += 1
         step = max((k for k in range(i) if tr[k].kind == "step" and any(
             x.kind == "entry" for x in tr[k:i])), default=-1)
-        entries = [x for x in tr[step:i] if x.kind == "entry" and x.slot in outs] if step >= 0 else []
-        size = next((x.value for x in tr[step:i] if x.kind == "batch"), len(entries)) if step >= 0 else 0
+        every = [x for x in tr[step:i] if x.kind == "entry" and x.slot in outs] if step >= 0 else []
+        size = next((x.value for x in tr[step:i] if x.kind == "batch"), len(every)) if step >= 0 else 0
+        cut = removed.get(step, [])
+        entries = [x for x in every if x.slot not in gone]
+        size -= len(cut) + chunk_cut.get(step, 0)
         retries = [x for x in tr[step:i] if x.kind == "retry"] if step >= 0 else []
         cells = {x.slot: x.value for x in entries}
         free = run.pool - sum(cells.values())
@@ -229,8 +238,9 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
         leaked = max(0, free - off)
         if free > off:
             free = off
+        pos = {id(x): k - sum(p < k for p in cut) for k, x in enumerate(every)}
         slots = [SlotAt(x.slot, outs[x.slot].prompt_tokens, x.value - outs[x.slot].prompt_tokens + 1,
-                        x.value + (1 if k < off else 0), k, 0, "server log") for k, x in enumerate(entries)]
+                        x.value + (1 if pos[id(x)] < off else 0), pos[id(x)], 0, "server log") for x in entries]
         tasks = {}
         for x in tr:
             if x.kind == "launch" and x.slot in outs:
@@ -239,7 +249,7 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
         # chunk). Launched before the step, not released before it.
         ended = {x.slot for x in tr[:step] if x.kind == "release"} if step >= 0 else set()
         launched = {x.slot for x in tr[:max(step, 0)] if x.kind == "launch" and tasks.get(x.slot) == x.task}
-        prompting = sorted((set(group) | (launched - ended)) - set(cells))
+        prompting = sorted((set(group) | (launched - ended)) - set(cells) - gone)
         if len(prompting) == 1 and step >= 0:
             # One such slot: the pool's accounting measures it exactly. The step failed when not one
             # more cell was free, so every cell is a slot's: the prompt slot held what the generating
@@ -247,7 +257,9 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             # `off` in this step (prompt chunks follow the generating slots' entries in the batch).
             s_ = prompting[0]
             below = max(0, off - len(entries))
-            slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, leaked + below, len(entries), 0,
+            # its chunk follows every generating entry still in the batch (a terminated slot's
+            # decoded entry below an earlier offset stays)
+            slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, leaked + below, len(every) - len(cut), 0,
                                 "server log (pool accounting)", "prompt"))
             leaked = 0
         else:
@@ -258,6 +270,15 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
         err_at = outs[group[0]].t_end if group else 0.0
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),
                                expected, margin, unc, leaked))
+        # what this overflow's surgery took out of the step's batch: the terminated slots' entries
+        # at or after the offset (below it they were decoded and stay)
+        for k, x in enumerate(every):
+            if x.slot in group and x.slot not in gone and k - sum(p < k for p in cut) >= off:
+                removed.setdefault(step, []).append(k)
+        for sl in slots:
+            if sl.slot in group and sl.phase == "prompt":
+                chunk_cut[step] = chunk_cut.get(step, 0) + max(0, max(size, len(slots)) - max(off, sl.position))
+        gone |= set(group)
         i = j
     return tuple(events)
 

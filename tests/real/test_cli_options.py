@@ -60,6 +60,17 @@ def test_apply_with_every_option_then_check_and_revert(c2, c2_patched, tmp_path)
     assert res.returncode == 0 and c["ok"] and c["commit"] == a["head"], res.stdout[-2000:] + res.stderr[-2000:]
     assert c["errors"] == [] and c["property"]["ok"] and c["property"]["iterations"] == 500, c["property"]
 
+    # the smallest victim in prompt-victim frees too little: a second overflow in the SAME step (the
+    # retry after the first eviction runs out again). Measured with the first victim gone from the
+    # batch, the second is again the smallest of those left (measure.py; issue 26's policies)
+    res = patchkit("verify", "--repo", T, "--candidate", "review/smallest", "--policy", "smallest", "--workload",
+                   "prompt-victim", "--report-dir", str(tmp_path / "v"), "--json")
+    v = json.loads(res.stdout)
+    assert res.returncode == 0 and v["ok"], v["summary"]
+    evs = v["workloads"]["prompt-victim"]["candidate"][0]["overflows"]
+    assert len(evs) >= 2 and all(e["terminated"] == e["expected"] for e in evs), evs
+    first = set(evs[0]["terminated"])
+    assert not first & {s["slot"] for e in evs[1:] for s in e["in_play"]}, "a terminated slot is not in play again"
     res = patchkit("apply", "--repo", T, "--revert", "--branch", "review/smallest", "--json")
     r = json.loads(res.stdout)
     assert res.returncode == 0 and r == {"status": "reverted", "to": "main", "branch_deleted": True}, res.stderr
