@@ -142,6 +142,21 @@ def commit_series(repo: git.Repo, base: str, rel: str, texts: list[tuple[int, by
     return commits
 
 
+def commit_text(repo: git.Repo, parent: str, rel: str, data: bytes, message: str) -> str:
+    """One commit on `parent` with `rel` replaced by `data`, written with git plumbing into a private
+    index (no ref, no worktree touched). The operator campaign's schema is one."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-index-") as tmp:
+        g = repo.git
+        with g.custom_environment(**_git_env(Path(tmp) / "index")):
+            g.read_tree(parent)
+            blob_file = Path(tmp) / "blob"
+            blob_file.write_bytes(data)
+            blob = g.hash_object("-w", str(blob_file))
+            mode = g.ls_files("-s", "--", rel).split(" ")[0] or "100644"
+            g.update_index("--cacheinfo", f"{mode},{blob},{rel}")
+            return g.commit_tree(g.write_tree(), "-p", parent, "-m", message)
+
+
 def _diff(rel: str, before: bytes, after: bytes) -> str:
     return "".join(difflib.unified_diff(before.decode(errors="replace").splitlines(True),
                                         after.decode(errors="replace").splitlines(True),

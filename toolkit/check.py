@@ -243,6 +243,14 @@ def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress) 
     if res.rc != 0:
         raise PatchError("the property harness did not compile: " + build_mod.first_error(res.err + res.out))
     progress(f"running {iterations} random batches")
-    run = proc.run([str(out_dir / "harness"), str(iterations)], timeout=600, check=False)
+    return run_harness(out_dir / "harness", commit, iterations, compile_s=res.seconds)
+
+
+def run_harness(harness: Path, commit: str, iterations: int, env: dict[str, str] | None = None,
+                compile_s: float = 0.0) -> PropertyResult:
+    """One run of a compiled harness (`env`: e.g. the operator schema's mutant id)."""
+    import os
+    run = proc.run([str(harness), str(iterations)], timeout=600, check=False,
+                   env=dict(os.environ, **env) if env else None)
     return PropertyResult(commit, run.rc == 0 and run.out.startswith("ok"), iterations,
-                          (run.out + run.err).strip(), res.seconds, run.seconds)
+                          (run.out + run.err).strip(), compile_s, run.seconds)

@@ -304,8 +304,18 @@ def verify_cmd(repo, base_ref, cand_ref, patch_name, patch_file, commit_sha, pol
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where mutants.json and the server logs go (default: ./patchkit-mutants).")
 @click.option("--list", "list_only", is_flag=True, help="Print the catalog and exit.")
+@click.option("--operators", "operators", is_flag=True, help="Mutants nobody designed: classic mutation operators "
+              "(relational, arithmetic, logical, constants, negated conditions, deleted statements) on every line "
+              "the patch adds, all compiled into ONE schema binary and selected at run time; each judged by the "
+              "suite, stopping at its first failed check.")
+@click.option("--sample", "sample_n", default=None, type=click.IntRange(1, 100000), help="With --operators: a "
+              "seeded random sample of this many mutants.")
+@click.option("--seed", default=0, show_default=True, help="With --sample: the sample's seed.")
+@click.option("--shard", "shard", default="1/1", show_default=True, help="With --operators: K/N, this job's share "
+              "(every N-th mutant from the K-th) of a campaign split over a CI matrix.")
 @click.option("--json", "as_json", is_flag=True)
-def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir, list_only, as_json) -> None:
+def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir, list_only, operators, sample_n,
+                seed, shard, as_json) -> None:
     """Run the mutation campaign: how many wrong patches does the verdict kill?
 
     Each mutant is the eviction patch with one structural switch flipped (a wrong victim
@@ -345,6 +355,23 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
         else pipeline.SUITE + mutate.EXTRA
     wls = [workload.load(w) for w in (workloads or default)]
     out_dir = (report_dir or Path("patchkit-mutants")).resolve()
+    if operators:
+        try:
+            k, n = (int(x) for x in shard.split("/"))
+            assert 1 <= k <= n
+        except (ValueError, AssertionError):
+            raise UsageError(f"--shard takes K/N with 1 <= K <= N (e.g. 2/4), not '{shard}'.")
+        camp = mutate.operator_campaign(r, base, wls, sample_n=sample_n, seed=seed, shard=(k, n),
+                                        out_dir=out_dir / "logs", say=ui.say, progress=ui.progress,
+                                        patch_name=patch_name)
+        doc = {"base": base, "schema_commit": camp.schema_commit, "generated": camp.generated,
+               "duplicates": camp.duplicates, "stillborn": list(camp.stillborn), "killed": camp.killed,
+               "alive": len(camp.alive), "schema_build_s": round(camp.schema_build_s, 1),
+               "seconds": round(camp.seconds, 1), "mutants": [asdict(x) for x in camp.results]}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "operators.json").write_text(json.dumps(doc, indent=2))
+        _emit_json(doc) if as_json else click.echo(mutate.operator_table(camp))
+        sys.exit(0 if not camp.alive else 1)
     res = mutate.campaign(r, base, list(names or cat), wls, repeat=repeat, out_dir=out_dir / "logs", say=ui.say,
                           progress=ui.progress, patch_name=patch_name)
     killed, judged = mutate.score(res)

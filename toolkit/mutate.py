@@ -173,3 +173,157 @@ def table(results: tuple[MutantResult, ...]) -> str:
                 lines.append(f"  {r.name}: {k.check} [{k.where}]: {k.reason[:240]}")
                 break
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ operator mutants (issue 26)
+
+@dataclass(frozen=True)
+class OperatorResult:
+    id: int
+    line: int
+    operator: str
+    original: str
+    mutated: str
+    status: str                 # killed | ALIVE | equivalent (ALIVE, argued in patch.toml)
+    check: str = ""             # the first failing check
+    where: str = ""             # "<workload> run 1"
+    reason: str = ""            # its detail; for an argued equivalent: the argument
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class OperatorCampaign:
+    base: str
+    schema_commit: str
+    generated: int              # mutants made by the operators, duplicates included
+    duplicates: int
+    stillborn: tuple[int, ...]  # ids whose switch did not compile
+    results: tuple[OperatorResult, ...]
+    schema_build_s: float       # the one compile (with its stillborn retries) and link
+    right_ok: bool              # the schema with no mutant selected passed the suite
+    seconds: float
+
+    @property
+    def killed(self) -> int:
+        return sum(r.status == "killed" for r in self.results)
+
+    @property
+    def alive(self) -> list[OperatorResult]:
+        return [r for r in self.results if r.status == "ALIVE"]
+
+
+def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, sample_n: int | None = None,
+                      seed: int = 0, shard: tuple[int, int] = (1, 1), out_dir: Path, say=print,
+                      progress=lambda s: None, patch_name: str = patch_mod.DEFAULT_PATCH) -> OperatorCampaign:
+    """Every operator mutant of the lines `patch_name` adds (toolkit/operators.py), compiled into
+    ONE schema binary, each selected at run time and judged by the workloads in order, stopping at
+    the first failed check. `sample_n`/`seed`: a seeded sample; `shard` (k, n): every n-th from k."""
+    from . import codeindex, operators
+
+    t0 = time.monotonic()
+    spec = patch_mod.load_patch(patch_name)
+    right, an = apply_mod.candidate_commit(repo, base, patch_name, "largest", None, build_mod.Options(), progress)
+    rel = an.file
+    with build_mod.held(repo, right, build_mod.Options(), progress) as ws:
+        source = (ws.src / rel).read_text()
+        added = check_mod.added_lines(repo.git.show(f"{base}:{rel}"), source)
+        progress(f"parsing {rel} with libclang for operator sites")
+        tu = codeindex.parse(ws.compile_command(rel))  # the AST stays valid once the workspace moves on
+    dead: set[int] = set()
+    t = time.monotonic()
+    for _ in range(5):
+        schema = operators.build_schema(tu, source, added, frozenset(dead))
+        sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(),
+                                    f"patchkit: operator mutant schema of {spec.name} ({len(schema.mutants)} mutants)")
+        say(f"schema: {len(schema.mutants)} mutants on {len(added)} added lines; compiling the TU once")
+        try:
+            build_mod.build(repo, sha, build_mod.Options(), progress)
+            break
+        except BuildError as e:
+            log = Path(e.log).read_text(errors="replace") if e.log else str(e)
+            bad = operators.stillborn(log, schema) - dead
+            if not bad:
+                raise
+            say(f"  stillborn (does not compile): {sorted(bad)}; building the schema without them")
+            dead |= bad
+    else:
+        raise BuildError("the operator schema did not compile after 5 rounds of removing stillborn mutants")
+    build_s = time.monotonic() - t
+    generated = len(schema.mutants) + len(dead) + schema.duplicates
+    chosen = operators.sample(schema.mutants, sample_n, seed)
+    k, n = shard
+    chosen = tuple(m for i, m in enumerate(chosen) if i % n == k - 1)
+    equivalent = {(e["operator"], e["original"], e["mutated"]): e["why"] for e in spec.equivalent}
+    reuse: dict = {}
+    say(f"[schema] the right patch (no mutant selected) through the suite")
+    right_res = verify_mod.run_suite(repo, base, sha, workloads, work_dir=out_dir / "schema", expect="eviction",
+                                     evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
+                                     shapes=spec.shapes, candidate_env={operators.ENV: "0"})
+    if not right_res.ok:
+        bad = [f"{w.workload.name}: {c.name}" for w in right_res.results for v in w.verdicts for c in v.checks
+               if c.status == "fail"]
+        raise PatchError(f"the operator schema with no mutant selected fails the suite ({'; '.join(bad[:5])}): the "
+                         "schema changed the right patch's behaviour, so no mutant could be judged.")
+    # the C++ property harness, compiled once from the schema: it reaches the embd paths no request
+    # reaches at run time (docs/DESIGN.md section 8); each mutant runs it with its id selected
+    harness = None
+    try:
+        pr = check_mod.property_check(repo, sha, 2000, progress=progress)
+        if pr.ok:
+            import shutil
+            with build_mod.held(repo, sha, build_mod.Options(), progress) as ws:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                harness = Path(shutil.copy(ws.root / "property" / "harness", out_dir / "harness"))
+    except (PatchError, BuildError) as e:
+        say(f"  property harness not used: {e}")
+    results = []
+    for i, m in enumerate(chosen, 1):
+        t = time.monotonic()
+        killed = None
+        if harness is not None:
+            pr = check_mod.run_harness(harness, sha, 2000, env={operators.ENV: str(m.id)})
+            if not pr.ok:
+                killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, "killed", "property",
+                                        "property harness", (pr.output.splitlines() or ["failed"])[-1][:300],
+                                        time.monotonic() - t)
+        for wl in workloads if killed is None else ():
+            res = verify_mod.run_suite(repo, base, sha, [wl], work_dir=out_dir / f"m{m.id}", expect="eviction",
+                                       evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
+                                       shapes=spec.shapes, candidate_env={operators.ENV: str(m.id)})
+            fails = [(c, v) for w in res.results for v in w.verdicts if v.side == "candidate" for c in v.checks
+                     if c.status == "fail"]
+            if fails:
+                c, v = fails[0]
+                killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, "killed", c.name,
+                                        f"{wl.name} run {v.run_index + 1}", c.detail[:300], time.monotonic() - t)
+                break
+        if killed is None:
+            why = equivalent.get((m.operator, m.original, m.mutated))
+            killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated,
+                                    "equivalent" if why else "ALIVE", reason=why or "", seconds=time.monotonic() - t)
+        say(f"  [{i}/{len(chosen)}] #{m.id} {m.diff()}: {killed.status}"
+            + (f" by {killed.check} ({killed.where})" if killed.check else ""))
+        results.append(killed)
+    return OperatorCampaign(base, sha, generated, schema.duplicates, tuple(sorted(dead)), tuple(results), build_s,
+                            True, time.monotonic() - t0)
+
+
+def operator_table(c: OperatorCampaign) -> str:
+    judged = [r for r in c.results if r.status != "equivalent"]
+    by: dict[str, int] = {}
+    for r in c.results:
+        if r.status == "killed":
+            by[r.check] = by.get(r.check, 0) + 1
+    lines = [f"operator mutants of the patch's added lines (schema {c.schema_commit[:12]}, one build: "
+             f"{c.schema_build_s:.0f} s; campaign {c.seconds:.0f} s)",
+             f"  generated {c.generated}, duplicates {c.duplicates}, stillborn {len(c.stillborn)}, judged "
+             f"{len(c.results)} (of {c.generated - c.duplicates - len(c.stillborn)}), argued equivalent "
+             f"{len(c.results) - len(judged)}",
+             f"  killed {c.killed} of {len(judged)} non-equivalent"
+             + (f" ({100 * c.killed / len(judged):.0f} %)" if judged else "") + ": "
+             + ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda x: -x[1]))]
+    for r in c.results:
+        if r.status != "killed":
+            lines.append(f"  {r.status}: #{r.id} line {r.line} [{r.operator}] {r.original!r} -> {r.mutated!r}"
+                         + (f"  ({r.reason})" if r.reason else ""))
+    return "\n".join(lines)

@@ -93,6 +93,8 @@ class PatchSpec:
     shapes: tuple[str, ...] = ()   # the failure-point shapes its handler can meet (coverage.py's vocabulary)
     strategy: str = ""             # its name as a referee strategy (terminate, park, ...); "": not a row
     parts: tuple[tuple[str, str], ...] = ()  # (template, anchor): where each part of the C++ goes (ANCHORS)
+    # operator mutants argued equivalent ([[equivalent]]: operator, original, mutated, why): not ALIVE
+    equivalent: tuple[dict, ...] = ()
 
 
 def family_dirs() -> list[Path]:
@@ -138,7 +140,7 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
                      d.get("params", {}),
                      {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"),
                      tuple(d.get("layouts", ())), tuple(d.get("shapes", ())), d.get("strategy", ""),
-                     parts)
+                     parts, tuple(d.get("equivalent", ())))
 
 
 def all_policies() -> list[str]:

@@ -80,7 +80,8 @@ def _tokenized(srv: Server, r: Request) -> Request:
 
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
         timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S,
-        want_shape: bool = True, policy: str = "largest", probe_pool: bool = False) -> Run:
+        want_shape: bool = True, policy: str = "largest", probe_pool: bool = False,
+        env: dict[str, str] | None = None) -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
     does not have the workload's designed shape for `policy`. The last run is returned with
     every earlier start in `earlier` (each keeps its log: `<log>.start<k>`), all judged.
@@ -92,7 +93,7 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
     earlier: list[Run] = []
     for attempt in range(1, attempts + 1):
         path = log_path if attempt == 1 else log_path.with_name(f"{log_path.name}.start{attempt}")
-        r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool)
+        r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool, env=env)
         last = attempt == attempts or time.monotonic() > deadline
         why = None if r.exit_code is not None else measure.shape(r, wl, policy)
         _log.info("%s: start %d, %.2f s%s", wl.name, attempt, r.wall, f" (again: {why})" if why and not last else "")
@@ -122,7 +123,7 @@ PROBE_SLACK = 24
 
 
 def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
-             timeout: float = 120.0, probe_pool: bool = False) -> Run:
+             timeout: float = 120.0, probe_pool: bool = False, env: dict[str, str] | None = None) -> Run:
     """A fresh server, every request, a follow-up probe, the server stopped."""
     # upstream's own per-step log (each slot's batch entry and cells, each token, retries, errors):
     # the exact record measure.py judges from, whatever the client's scheduling was
@@ -132,7 +133,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             raise UsageError(f"workload {wl.name} needs a draft model.")
         args += ["-md", str(draft)]  # flag names of draft sizes changed across layouts: defaults
     log_path.write_text("")
-    srv = Server(binary, model, args, log_path)
+    srv = Server(binary, model, args, log_path, env=env)
     with srv as ep:
         if any(r.text for r in wl.requests):
             wl = replace(wl, requests=tuple(_tokenized(srv, r) for r in wl.requests))

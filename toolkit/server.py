@@ -44,8 +44,9 @@ class Endpoint:
 
 class Server:
     def __init__(self, binary: Path, model: Path, args: Sequence[str], log_path: Path,
-                 ready_timeout: float = 120.0, port: int | None = None):
+                 ready_timeout: float = 120.0, port: int | None = None, env: dict[str, str] | None = None):
         self.binary, self.model, self.args = Path(binary), Path(model), list(args)
+        self.env = dict(env or {})  # added to the server's environment (a candidate's knobs, a mutant's id)
         self.log_path, self.ready_timeout, self.port = log_path, ready_timeout, port
         self.child: proc.Spawned | None = None
         self.endpoint: Endpoint | None = None
@@ -77,7 +78,7 @@ class Server:
             # sanitizer builds: report memory errors, not the upstream's leaks at exit; keep running
             # after a UBSan report so the whole log is read
             env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "detect_leaks=0"),
-                       UBSAN_OPTIONS=os.environ.get("UBSAN_OPTIONS", "print_stacktrace=1"))
+                       UBSAN_OPTIONS=os.environ.get("UBSAN_OPTIONS", "print_stacktrace=1"), **self.env)
             self.child = proc.Spawned(argv, log_path=self.log_path, env=env)
             try:
                 self._wait_ready(port)
