@@ -82,7 +82,17 @@ def test_the_right_preemption_passes_every_check():
 def test_resuming_elsewhere_fails_with_both_cell_counts():
     c = checks(run(resume_cells=PROMPT))
     assert c["resumes-where-paused"].status == "fail"
-    assert c["resumes-where-paused"].detail == "slot 0: paused holding 13 cells, resumed holding 10"
+    assert c["resumes-where-paused"].detail.startswith("slot 0: paused holding 13 cells, resumed holding 10 (its "
+                                                       "tokens so far: 13, or 14 with the pending sampled token)")
+
+
+def test_a_resume_that_prefills_the_pending_token_is_right_one_more_is_not():
+    """The property (issue 28): the cache at resume holds the slot's tokens so far. The fork's
+    recompute prefills the sampled token whose decode was pending with the history: one cell more
+    than at the park, and right. Two more is a cell that is no token of the slot's."""
+    assert checks(run(resume_cells=14))["resumes-where-paused"].status == "pass"
+    c = checks(run(resume_cells=15))
+    assert c["resumes-where-paused"].status == "fail" and "resumed holding 15" in c["resumes-where-paused"].detail
 
 
 def test_a_wait_while_nothing_runs_breaks_the_bound():
