@@ -202,17 +202,20 @@ class PropertyResult:
 
 
 def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 20000,
-                   opts: build_mod.Options = build_mod.Options(), progress=log_progress) -> PropertyResult:
+                   opts: build_mod.Options = build_mod.Options(), progress=log_progress,
+                   sanitize: bool = False) -> PropertyResult:
     """Compile the patched TU's prefix (through the batch-surgery function) plus a random-batch
     driver with the TU's own flags, link it against the tree's own static libraries, run it."""
     spec = patch.load_patch()
     commit = resolve(repo, ref)
     build_mod.build(repo, commit, opts, progress, in_workspace=True)  # the tree's static libraries
     with build_mod.held(repo, commit, opts, progress) as ws:
-        return _property(repo, commit, ws, spec, iterations, progress)
+        return _property(repo, commit, ws, spec, iterations, progress, sanitize)
 
 
-def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress) -> PropertyResult:
+def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress, sanitize: bool = False) -> PropertyResult:
+    """`sanitize`: the harness with ASan + UBSan (the tree's libraries stay plain; ASan's allocator
+    still bounds every heap block), so an out-of-bounds read the surgery's result hides is caught."""
     rel = patch.find_server_file(ws.src)
     text = (ws.src / rel).read_text(errors="replace")
     if patch.state(text, spec) != "applied":
@@ -237,6 +240,8 @@ def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress) 
     argv = [str(src) if Path(a).name == Path(rel).name else a for a in argv]
     libs = sorted(str(p) for p in ws.build.rglob("lib*.a"))
     argv += ["-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm"]
+    if sanitize:
+        argv += ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
     progress(f"compiling the property harness ({len(libs)} static libraries)")
     with heartbeat(progress, lambda: "compiling the property harness"):
         res = proc.run(argv, cwd=cmd.directory, timeout=900, check=False)

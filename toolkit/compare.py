@@ -135,6 +135,7 @@ def one_victim(run: Run, wl: Workload, policy: str = "largest", witness_expected
                   + (" AMBIGUOUS" if e.margin <= e.uncertainty and set(e.terminated) <= set(e.expected) else "")
                   for e in evs) or "no eviction measured"))
     checks.append(witness(run, evs, witness_expected))
+    checks.append(victim_stops(run))
     if wl.expect.shift or wl.expect.shape:
         if policy != "largest":
             checks.append(Check("designed-shape", "skip", f"this workload's shape is designed for the largest "
@@ -149,6 +150,30 @@ def one_victim(run: Run, wl: Workload, policy: str = "largest", witness_expected
                          f"{len(survivors)} survivors got all their tokens" if not short
                          else f"incomplete survivors (slot, outcome, tokens): {short}"))
     return checks + server_checks(run)
+
+
+def victim_stops(run: Run) -> Check:
+    """A terminated request's task decodes nothing more (upstream's log: no batch entry of that task
+    after its error). A patch that sends the error but does not release the slot leaves it generating
+    into a closed stream: every outcome looks right, and the pool and the steps are spent on nobody."""
+    if not run.trace:
+        return Check("victim-stops", "skip", "the server printed no verbose log")
+    slots = {o.slot for o in run.outcomes}
+    first: dict[int, int] = {}
+    for t in run.trace:
+        if t.kind == "launch" and t.slot in slots:
+            first.setdefault(t.slot, t.task)
+    tasks = set(first.values())
+    problems = []
+    for k, t in enumerate(run.trace):
+        if t.kind == "error" and t.text == EXCEEDED and t.task in tasks:
+            after = sum(1 for x in run.trace[k + 1:] if x.kind == "entry" and x.task == t.task)
+            if after:
+                slot = next(s for s, task in first.items() if task == t.task)
+                problems.append(f"slot {slot} (task {t.task}) had {after} batch entr{'y' if after == 1 else 'ies'} "
+                                "after it was sent the error: it went on generating for nobody")
+    return _check("victim-stops", not problems, "; ".join(problems) if problems else
+                  "no terminated request's task decoded anything after its error (upstream's log)")
 
 
 def witness(run: Run, evs: tuple[measure.Overflow, ...], expected: bool = False) -> Check:

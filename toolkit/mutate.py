@@ -184,6 +184,7 @@ class OperatorResult:
     operator: str
     original: str
     mutated: str
+    context: str                # the source line (operator, context, original, mutated: the stable key)
     status: str                 # killed | ALIVE | equivalent (ALIVE, argued in patch.toml)
     check: str = ""             # the first failing check
     where: str = ""             # "<workload> run 1"
@@ -253,7 +254,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     chosen = operators.sample(schema.mutants, sample_n, seed)
     k, n = shard
     chosen = tuple(m for i, m in enumerate(chosen) if i % n == k - 1)
-    equivalent = {(e["operator"], e["original"], e["mutated"]): e["why"] for e in spec.equivalent}
+    equivalent = {(e["operator"], e["context"], e["original"], e["mutated"]): e["why"] for e in spec.equivalent}
     reuse: dict = {}
     say(f"[schema] the right patch (no mutant selected) through the suite")
     right_res = verify_mod.run_suite(repo, base, sha, workloads, work_dir=out_dir / "schema", expect="eviction",
@@ -264,11 +265,12 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
                if c.status == "fail"]
         raise PatchError(f"the operator schema with no mutant selected fails the suite ({'; '.join(bad[:5])}): the "
                          "schema changed the right patch's behaviour, so no mutant could be judged.")
-    # the C++ property harness, compiled once from the schema: it reaches the embd paths no request
-    # reaches at run time (docs/DESIGN.md section 8); each mutant runs it with its id selected
+    # the C++ property harness, compiled once from the schema with ASan + UBSan: it reaches the embd
+    # paths no request reaches at run time (docs/DESIGN.md section 8), and an out-of-bounds read
+    # whose result is later overwritten shows; each mutant runs it with its id selected
     harness = None
     try:
-        pr = check_mod.property_check(repo, sha, 2000, progress=progress)
+        pr = check_mod.property_check(repo, sha, 2000, progress=progress, sanitize=True)
         if pr.ok:
             import shutil
             with build_mod.held(repo, sha, build_mod.Options(), progress) as ws:
@@ -283,9 +285,11 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
         if harness is not None:
             pr = check_mod.run_harness(harness, sha, 2000, env={operators.ENV: str(m.id)})
             if not pr.ok:
-                killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, "killed", "property",
-                                        "property harness", (pr.output.splitlines() or ["failed"])[-1][:300],
-                                        time.monotonic() - t)
+                out = pr.output.splitlines() or ["failed"]
+                why = next((x for x in out if "ERROR: AddressSanitizer" in x or "runtime error" in x or
+                            x.startswith("FAIL")), out[-1])
+                killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, m.context, "killed", "property",
+                                        "property harness", why.strip()[:300], time.monotonic() - t)
         for wl in workloads if killed is None else ():
             res = verify_mod.run_suite(repo, base, sha, [wl], work_dir=out_dir / f"m{m.id}", expect="eviction",
                                        evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
@@ -294,12 +298,12 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
                      if c.status == "fail"]
             if fails:
                 c, v = fails[0]
-                killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, "killed", c.name,
+                killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, m.context, "killed", c.name,
                                         f"{wl.name} run {v.run_index + 1}", c.detail[:300], time.monotonic() - t)
                 break
         if killed is None:
-            why = equivalent.get((m.operator, m.original, m.mutated))
-            killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated,
+            why = equivalent.get(m.key)
+            killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, m.context,
                                     "equivalent" if why else "ALIVE", reason=why or "", seconds=time.monotonic() - t)
         say(f"  [{i}/{len(chosen)}] #{m.id} {m.diff()}: {killed.status}"
             + (f" by {killed.check} ({killed.where})" if killed.check else ""))

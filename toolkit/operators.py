@@ -50,9 +50,14 @@ class Mutant:
     operator: str        # ROR | AOR | LCR | ASR | CRP | BLR | UOD | NEG | SDL
     original: str        # the site's text
     mutated: str         # what it becomes
+    context: str = ""    # the whole source line, stripped: with operator, original and mutated, its stable key
 
     def diff(self) -> str:
         return f"line {self.line} [{self.operator}]: {self.original!r} -> {self.mutated!r}"
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.operator, self.context, self.original, self.mutated)
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ def build_schema(tu, source: str, added: set[int], skip: frozenset[int] = frozen
         seen.add(mut)
         if counter[0] in skip:
             return None
-        m = Mutant(counter[0], line, op, orig, mut)
+        m = Mutant(counter[0], line, op, orig, mut, source.split("\n")[line - 1].strip())
         mutants.append(m)
         return m
 

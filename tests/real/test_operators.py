@@ -18,13 +18,13 @@ def test_a_seeded_sample_of_operator_mutants_is_killed_or_argued(c2, c2_base, tm
     assert doc == json.loads((tmp_path / "operators.json").read_text())
     assert len(doc["mutants"]) == 10 and doc["generated"] >= 60, doc["generated"]
     assert doc["alive"] == 0 and doc["killed"] + sum(m["status"] == "equivalent" for m in doc["mutants"]) == 10
-    argued = {(e["operator"], e["original"], e["mutated"]) for e in patch.load_patch().equivalent}
+    argued = {(e["operator"], e["context"], e["original"], e["mutated"]) for e in patch.load_patch().equivalent}
     for m in doc["mutants"]:
         if m["status"] == "killed":
             assert m["check"] and m["reason"] and (m["where"] == "property harness" or
                                                    m["where"].split()[0] in verify.SUITE), m
         else:
-            assert (m["operator"], m["original"], m["mutated"]) in argued, m
+            assert (m["operator"], m["context"], m["original"], m["mutated"]) in argued, m
     # the other half of a sharded campaign is a different set of mutants
     res2 = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--operators",
                            "--sample", "10", "--seed", "26", "--shard", "2/2", "--workload", "overflow-4",
