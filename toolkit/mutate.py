@@ -256,7 +256,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     chosen = tuple(m for i, m in enumerate(chosen) if i % n == k - 1)
     equivalent = {(e["operator"], e["context"], e["original"], e["mutated"]): e["why"] for e in spec.equivalent}
     reuse: dict = {}
-    say(f"[schema] the right patch (no mutant selected) through the suite")
+    say("[schema] the right patch (no mutant selected) through the suite")
     right_res = verify_mod.run_suite(repo, base, sha, workloads, work_dir=out_dir / "schema", expect="eviction",
                                      evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
                                      shapes=spec.shapes, candidate_env={operators.ENV: "0"})

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import git
 import pytest
 
-from toolkit import apply, build, measure, mutate, referee, source, verify, workload
+from toolkit import apply, build, measure, mutate, source, verify, workload
 from toolkit.ui import UI
 
 from .conftest import clone, snapshot
