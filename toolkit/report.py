@@ -49,6 +49,30 @@ def _run_json(r: Run, wl: Workload, policy: str = "largest") -> dict:
     }
 
 
+def policy_text(res: Result) -> str:
+    """patchkit's own series: the policy it was rendered with. Any other candidate: what its runs
+    measurably did (whom each eviction or park took, by cells), never a default it was not asked."""
+    if res.own:
+        return res.policy
+    took, most, fewest = 0, 0, 0
+    for wr in res.results:
+        for r in wr.candidate:
+            for ev in measure.overflows(r, wr.workload, "largest"):
+                if len(ev.terminated) != 1 or len(ev.in_play) < 2:
+                    continue
+                cells = {x.slot: x.cells for x in ev.in_play}
+                took += 1
+                most += cells[ev.terminated[0]] == max(cells.values())
+                fewest += cells[ev.terminated[0]] == min(cells.values())
+    parks = sum(len(v) for wr in res.results for r in wr.candidate for v in measure.pauses(r).values())
+    parts = []
+    if took:
+        parts.append(f"its victim held the most cells in {most} of {took} evictions, the fewest in {fewest}")
+    if parks:
+        parts.append(f"{parks} park(s) measured")
+    return "measured: " + ("; ".join(parts) if parts else "no eviction or park measured")
+
+
 def check_counts(res: Result) -> dict[str, dict[str, int]]:
     """status -> {check name: how many times}, over every verdict of every workload and side."""
     out: dict[str, dict[str, int]] = {"pass": {}, "skip": {}, "fail": {}}
@@ -83,7 +107,8 @@ def to_json(res: Result) -> dict:
         "summary": summary_line(res), "checks": check_counts(res),
         "coverage": [{"shape": c.shape, "reached_by": c.by} for c in res.coverage],
         "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
-        "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source, "policy": res.policy, "layout": res.layout,
+        "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source,
+        "policy": res.policy if res.own else None, "policy_measured": policy_text(res), "layout": res.layout,
         "model_sha256": res.model_sha256,
         "expect": res.expect, "expect_why": res.expect_why,
         "timings_s": {k: round(v, 2) for k, v in res.timings},
@@ -200,6 +225,7 @@ def write(res: Result, out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
     paths["json"].write_text(json.dumps(data, indent=2) + "\n")
     ctx = {"res": res, "data": data, "headers": headers, "rows": table_rows, "goodput": compare.goodput,
+           "policy": policy_text(res),
            "timeline": timeline_svg}
     paths["md"].write_text(TEMPLATES.get_template("report.md.j2").render(**ctx))
     paths["html"].write_text(TEMPLATES.get_template("report.html.j2").render(**ctx))

@@ -60,6 +60,9 @@ class Result:
     base_why: str = ""            # how the base was chosen (the candidate's is candidate_label)
     # the failure-point shapes the candidate's runs reached (coverage.py), each with its first run
     coverage: tuple[coverage_mod.Reached, ...] = ()
+    # the candidate is patchkit's own series (its policy is its promise); else its policy is only
+    # what was measured, and the reports say so (issue 28)
+    own: bool = True
 
     @property
     def ok(self) -> bool:
@@ -181,7 +184,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
-                  applied, why, coverage=cov)
+                  applied, why, coverage=cov, own=evicting_patch or not candidate_commit)
 
 
 def expectations(expect: str, recorded, patch: str | None = None,

@@ -90,6 +90,13 @@ def test_verify_takes_a_diff_a_commit_and_a_named_patch_on_c2(c2, c2_patched, tm
         want = {"--patch-file": "patch file fix.diff", "--commit": "merged into base",
                 "--patch": "patch evict-largest-slot"}[args[0]]
         assert want in rep["candidate"], rep["candidate"]
+        # a change that is not patchkit's has no policy but what it measurably did (issue 28)
+        if args[0] == "--patch":
+            assert rep["policy"] == "largest"
+        else:
+            assert rep["policy"] is None
+            assert rep["policy_measured"] == "measured: its victim held the most cells in 1 of 1 evictions, the " \
+                                             "fewest in 0", rep["policy_measured"]
         # the candidate is the same tree each time: one binary, never a rebuild
         assert git.Repo(T).commit(rep["candidate_commit"]).tree.hexsha == git.Repo(c2.path).commit(
             c2_patched.commit).tree.hexsha
