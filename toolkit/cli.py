@@ -395,10 +395,15 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
 @click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
               "overflow-4, staggered, overflow-8, staggered-8: 4 and 8 chats, together and staggered).")
 @click.option("--model", "model_name", default=None, help="Serve this model for every workload (e.g. smollm2).")
+@click.option("--candidate", "cand_refs", multiple=True, metavar="REF", help="Also a row for this ref of --repo "
+              "(a fork's PR branch), repeatable: judged by what it measurably does (it parks -> the preemption "
+              "expectations, it evicts -> the eviction ones, else no regression).")
+@click.option("--candidate-env", "cand_envs", multiple=True, metavar="REF=NAME=VALUE", help="An environment "
+              "variable for that candidate's servers (a knob the PR reads), repeatable.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-referee"),
               show_default=True, help="Where report.json/md/html (table and chart) and the server logs go.")
 @click.option("--json", "as_json", is_flag=True)
-def referee_cmd(repo, base_ref, strategies, workloads, model_name, report_dir, as_json) -> None:
+def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, cand_envs, report_dir, as_json) -> None:
     """Referee every answer to a full KV cache on the same workloads: terminate, park, recompute.
 
     Each strategy is one patch family (patches/) with a victim policy, rendered on the base
@@ -423,10 +428,17 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, report_dir, a
         base_ref = source.BASELINE_TAG
     base = source.resolve(r, base_ref)
     entries = ref_mod.parse(tuple(strategies) or ref_mod.DEFAULT)
+    envs: dict[str, dict[str, str]] = {ref: {} for ref in cand_refs}
+    for item in cand_envs:
+        ref, _, kv = item.partition("=")
+        name, eq, value = kv.partition("=")
+        if ref not in envs or not name or not eq:
+            raise UsageError(f"--candidate-env takes REF=NAME=VALUE for a ref given with --candidate, not '{item}'.")
+        envs[ref][name] = value
     wls = [workload.load(w) for w in (workloads or ref_mod.DEFAULT_WORKLOADS)]
     out_dir = report_dir.resolve()
     table = ref_mod.referee(r, base, entries, wls, model_name=model_name, out_dir=out_dir / "logs", say=ui.say,
-                            progress=ui.progress)
+                            progress=ui.progress, candidates=tuple(envs.items()))
     paths = ref_mod.write(table, out_dir)
     if as_json:
         _emit_json(ref_mod.to_json(table))

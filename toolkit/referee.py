@@ -114,7 +114,7 @@ def row(entry: Entry, wl: Workload, run: Run, control: Run | None, verdict, expe
     makespan = max(o.t_end for o in outs) - t0
     ps = measure.pauses(run)
     all_p = [p for v in ps.values() for p in v]
-    recompute = strategies()[entry.strategy][1] == "recompute"
+    recompute = strategies().get(entry.strategy, (None, ""))[1] == "recompute"
     exact = "-"
     if control is not None:
         ctl = {o.slot: o for o in control.outcomes}
@@ -137,7 +137,11 @@ def row(entry: Entry, wl: Workload, run: Run, control: Run | None, verdict, expe
 
 def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Workload], *,
             model_name: str | None = None, opts: build_mod.Options = build_mod.Options(), out_dir: Path,
-            say: Callable[[str], None] = print, progress: Callable[[str], None] = lambda s: None) -> Table:
+            say: Callable[[str], None] = print, progress: Callable[[str], None] = lambda s: None,
+            candidates: tuple[tuple[str, dict[str, str]], ...] = ()) -> Table:
+    """`candidates`: (ref, server environment) rows beside the strategies: any ref of `repo` (a fork's
+    PR branch), judged by what it measurably does (`--expect auto`), its environment its own (e.g.
+    a knob the PR reads)."""
     t0 = time.monotonic()
     reuse: dict = {}
     rows: list[Row] = []
@@ -163,6 +167,23 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
             v = next((v for v in wr.verdicts if v.side == "candidate"), None)
             rows.append(row(entry, wr.workload, wr.candidate[0], wr.control, v, res.expect))
         base_rows_done = True
+    from .source import resolve
+    for ref, env in candidates:
+        label = f"ref {ref}" + "".join(f" {k}={v}" for k, v in env.items())
+        say(f"== {label}: a candidate of the repository, judged by what it measurably does")
+        cand = resolve(repo, ref)
+        res = verify_mod.run_suite(repo, base, cand, workloads, work_dir=out_dir / f"ref-{len(rows)}", opts=opts,
+                                   candidate_label=label, layout=layout, model_name=model_name, expect="auto",
+                                   evicting_patch=False, reuse=reuse, say=say, progress=progress,
+                                   candidate_env=env)
+        builds[label] = dict(res.timings).get("build candidate", 0.0)
+        for wr in res.results:
+            if not base_rows_done and any(e.strategy == "base" for e in entries):
+                rows.append(row(Entry("base", ""), wr.workload, wr.base[0], wr.control, None, "none"))
+            v = next((v for v in wr.verdicts if v.side == "candidate"), None)
+            rows.append(row(Entry(label, ""), wr.workload, wr.candidate[0], wr.control, v, res.expect))
+        base_rows_done = True
+        entries = [*entries, Entry(label, "")]
     order = {e.label: i for i, e in enumerate(entries)}
     wl_order = {w.name: i for i, w in enumerate(workloads)}
     rows.sort(key=lambda r: (wl_order[r.workload], order.get(r.entry, -1)))
