@@ -57,7 +57,7 @@ def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, v
     assert "Not measured in this run (pass `--sanitize`" in pr
     for name in verify.SUITE:
         assert re.search(rf"^{re.escape(name)}: ok", pr, re.M), name
-    assert pr.count("Reproduce: `patchkit ") == 3
+    assert pr.count("Reproduce: `patchkit ") == 4  # suite, families, property harness, mutation score
     assert f", layout {an.facts.layout}," in pr
 
     fresh = clone(tree, tmp_path / "fresh")
