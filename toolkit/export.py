@@ -78,7 +78,8 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
                                  candidate_label="the series", say=say, progress=progress,
                                  patch_expect=spec.expect, shapes=spec.shapes)
     # the model-family workloads are in the default suite: their section shows the suite's runs of them
-    families = replace(suite, results=tuple(r for r in suite.results if r.workload.name in FAMILIES))
+    families = replace(suite, results=tuple(r for r in suite.results if r.workload.name in FAMILIES),
+                       coverage=())  # the suite's coverage is the suite's: not repeated under two workloads
     an = apply_mod.analyze(repo, base, spec, progress=progress)  # facts cached: no parse again
     layout = an.facts.layout if an.facts else None
     prop = None
