@@ -170,6 +170,43 @@ def build_schema(tu, source: str, added: set[int], skip: frozenset[int] = frozen
             return expr
         return inner
 
+    def statements(top) -> str:
+        """`render` plus the statement operators: a compound statement's expression statements on
+        added lines deleted (SDL), an if-statement's condition negated (NEG)."""
+        def walk(c) -> str:
+            a, b = off(c.extent.start), off(c.extent.end)
+            kids = sorted((k for k in c.get_children() if in_main(k) and not from_macro(k)),
+                          key=lambda k: off(k.extent.start))
+            if c.kind not in (K.COMPOUND_STMT, K.IF_STMT, K.FOR_STMT, K.CXX_FOR_RANGE_STMT, K.WHILE_STMT, K.DO_STMT,
+                              K.CXX_METHOD, K.FUNCTION_DECL, K.STRUCT_DECL, K.CLASS_DECL, K.LAMBDA_EXPR,
+                              K.CONSTRUCTOR, K.NAMESPACE, K.UNEXPOSED_EXPR, K.CALL_EXPR, K.VAR_DECL, K.DECL_STMT,
+                              K.RETURN_STMT, K.CLASS_TEMPLATE):
+                return render(c)
+            parts, pos = [], a
+            for i, k in enumerate(kids):
+                ka, kb = off(k.extent.start), off(k.extent.end)
+                if ka < pos or kb > b:
+                    continue
+                parts.append(text(pos, ka))
+                r = walk(k)
+                line = k.extent.start.line
+                one_line = k.extent.start.line == k.extent.end.line and line in added
+                if (c.kind == K.COMPOUND_STMT and one_line
+                        and k.kind in (K.CALL_EXPR, K.BINARY_OPERATOR, K.COMPOUND_ASSIGNMENT_OPERATOR,
+                                       K.UNARY_OPERATOR, K.UNEXPOSED_EXPR)):
+                    m = new(line, "SDL", text(ka, kb), "(void)0", set())
+                    if m:
+                        r = f"({SWITCH}({m.id}) ? (void)0 : (void)({r}))"
+                elif c.kind == K.IF_STMT and i == 0 and one_line and k.kind != K.VAR_DECL:
+                    m = new(line, "NEG", text(ka, kb), f"!({text(ka, kb)})", set())
+                    if m:
+                        r = f"({SWITCH}({m.id}) ? !({r}) : ({r}))"
+                parts.append(r)
+                pos = kb
+            parts.append(text(pos, b))
+            return "".join(parts)
+        return walk(top)
+
     # the whole tree, then the statement-level operators on the rebuilt text of each added region
     regions = []  # (a, b, rebuilt) of each top-level node holding added lines
     for top in tu.cursor.get_children():
@@ -183,49 +220,11 @@ def build_schema(tu, source: str, added: set[int], skip: frozenset[int] = frozen
     for top in sorted(regions, key=lambda t: off(t.extent.start)):
         a, b = off(top.extent.start), off(top.extent.end)
         out.append(text(pos, a))
-        out.append(render_statements(top, render, text, added, new, in_main, from_macro, off, K))
+        out.append(statements(top))
         pos = b
     out.append(text(pos, len(data)))
     body = "".join(out)
     return Schema(_with_prelude(body), tuple(mutants), dups)
-
-
-def render_statements(top, render, text, added, new, in_main, from_macro, off, K) -> str:
-    """`render` extended with statement operators: a compound statement's expression statements on
-    added lines can be deleted (SDL), an if-statement's condition negated (NEG)."""
-    def walk(c) -> str:
-        a, b = off(c.extent.start), off(c.extent.end)
-        kids = sorted((k for k in c.get_children() if in_main(k) and not from_macro(k)),
-                      key=lambda k: off(k.extent.start))
-        if c.kind not in (K.COMPOUND_STMT, K.IF_STMT, K.FOR_STMT, K.CXX_FOR_RANGE_STMT, K.WHILE_STMT, K.DO_STMT,
-                          K.CXX_METHOD, K.FUNCTION_DECL, K.STRUCT_DECL, K.CLASS_DECL, K.LAMBDA_EXPR,
-                          K.CONSTRUCTOR, K.NAMESPACE, K.UNEXPOSED_EXPR, K.CALL_EXPR, K.VAR_DECL, K.DECL_STMT,
-                          K.RETURN_STMT, K.CLASS_TEMPLATE):
-            return render(c)
-        parts, pos = [], a
-        for i, k in enumerate(kids):
-            ka, kb = off(k.extent.start), off(k.extent.end)
-            if ka < pos or kb > b:
-                continue
-            parts.append(text(pos, ka))
-            r = walk(k)
-            line = k.extent.start.line
-            one_line = k.extent.start.line == k.extent.end.line and line in added
-            if (c.kind == K.COMPOUND_STMT and one_line
-                    and k.kind in (K.CALL_EXPR, K.BINARY_OPERATOR, K.COMPOUND_ASSIGNMENT_OPERATOR,
-                                   K.UNARY_OPERATOR, K.UNEXPOSED_EXPR)):
-                m = new(line, "SDL", text(ka, kb), "(void)0", set())
-                if m:
-                    r = f"({SWITCH}({m.id}) ? (void)0 : (void)({r}))"
-            elif c.kind == K.IF_STMT and i == 0 and one_line and k.kind != K.VAR_DECL:
-                m = new(line, "NEG", text(ka, kb), f"!({text(ka, kb)})", set())
-                if m:
-                    r = f"({SWITCH}({m.id}) ? !({r}) : ({r}))"
-            parts.append(r)
-            pos = kb
-        parts.append(text(pos, b))
-        return "".join(parts)
-    return walk(top)
 
 
 def _with_prelude(body: str) -> str:
