@@ -75,3 +75,11 @@ def test_mutants_list_prints_the_catalog_of_the_named_patch():
     assert names == list(mutate.catalog("park-slot")) and names
     res = CliRunner().invoke(cli, ["mutants", "--list"])
     assert [line.split()[0] for line in res.output.splitlines()] == list(mutate.catalog())
+
+
+def test_the_group_options_version_and_verbose():
+    from importlib.metadata import version
+    res = CliRunner().invoke(cli, ["--version"])
+    assert res.exit_code == 0 and version("patchkit") in res.output
+    res = CliRunner().invoke(cli, ["-v", "exit-codes"])
+    assert res.exit_code == 0 and "130" in res.output
