@@ -280,7 +280,10 @@ def from_patch_file(repo: git.Repo, base: str, patch_file: Path) -> str:
             try:
                 g.apply("--cached", "--whitespace=nowarn", str(patch_file))
             except git.GitCommandError as e:
-                raise PatchError(f"{patch_file.name} does not apply to {base[:12]}: {e.stderr.strip()[:400]}")
+                # git's own lines ("error: patch failed: FILE:LINE"), without GitPython's wrapping
+                why = "; ".join(re.findall(r"error: (.+?)(?:'?\s*$)", e.stderr, re.M)) or e.stderr.strip()
+                raise PatchError(f"{patch_file.name} does not apply to {base[:12]}: {why[:400]}.",
+                                 hint="Rebase the change onto the base, or pass the base it was made on with --base.")
             tree = g.write_tree()
             return g.commit_tree(tree, "-p", base, "-m", f"patchkit candidate: {patch_file.name}\n\n"
                                  f"{TRAILER_CANDIDATE}: patch-file {patch_file.name}\n")
