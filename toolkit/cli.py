@@ -352,7 +352,7 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
         base_ref = source.BASELINE_TAG
     base = source.resolve(r, base_ref)
     default = mutate.PREEMPTION_WORKLOADS if patch_mod.load_patch(patch_name).expect == "preemption" \
-        else pipeline.SUITE + mutate.EXTRA
+        else pipeline.SUITE
     wls = [workload.load(w) for w in (workloads or default)]
     out_dir = (report_dir or Path("patchkit-mutants")).resolve()
     if operators:

@@ -30,7 +30,6 @@ from .workload import Workload
 # The preemption patches' broken variants: the baseline overflow, and the same with a sampler that
 # carries state (a repetition penalty), which greedy sampling alone does not.
 PREEMPTION_WORKLOADS = ["overflow-4", "preempt-penalty-4"]
-EXTRA: list[str] = []  # the separating workloads (family models) are in verify.SUITE now
 
 
 @dataclass(frozen=True)
