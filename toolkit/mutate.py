@@ -25,8 +25,6 @@ from . import verify as verify_mod
 from .errors import BuildError, LayoutError, PatchError
 from .workload import Workload
 
-# Workloads the campaign adds to the default suite: each separates what a wrong patch could
-# confuse (docs/DESIGN.md, "Verdict strength").
 # The preemption patches' broken variants: the baseline overflow, and the same with a sampler that
 # carries state (a repetition penalty), which greedy sampling alone does not.
 PREEMPTION_WORKLOADS = ["overflow-4", "preempt-penalty-4"]
