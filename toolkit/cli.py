@@ -318,7 +318,7 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
                 seed, shard, as_json) -> None:
     """Run the mutation campaign: how many wrong patches does the verdict kill?
 
-    Each mutant is the eviction patch with one structural switch flipped (a wrong victim
+    Each mutant is the rendered eviction patch with one edit (a wrong victim
     quantity, the batch surgery skipped or off by one, two victims, the victim's cells kept,
     a guard inverted...; patches/evict-largest-slot/patch.toml). Each is built on the base
     (one TU on the shared build) and judged as a candidate: static checks, the C++ property

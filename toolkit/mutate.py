@@ -1,7 +1,7 @@
 """The mutation campaign: a check is only as strong as the wrong patches it kills.
 
-Every mutant of patches/<name>/patch.toml ([variants.*]: one structural switch of the templates
-flipped, patch.RIGHT) is rendered on the base as commit objects, built (one TU on the shared
+Every mutant of patches/<name>/patch.toml ([variants.*]: an edit of the rendered right patch,
+patch._variant_edit) is rendered on the base as commit objects, built (one TU on the shared
 workspace), and judged exactly as a candidate is: the static checks of the patched TU, the C++
 property harness of the batch surgery, and the workload suite against the same base. A mutant is
 killed when any check fails, and each failing check is kept with its reason; ALIVE otherwise.

@@ -85,7 +85,6 @@ class PatchSpec:
     root: Path                     # the templates' folder (a family may share another's: `templates = "..."`)
     helper: str = HELPER           # the method the hook calls
     definitions: tuple[str, ...] = ()  # what marks the series applied in the code (regexes); see state()
-    switches: dict = field(default_factory=lambda: dict(RIGHT))  # the right patch's structural switches
     params: dict = field(default_factory=dict)  # fixed template parameters of this patch (e.g. mode)
     policy_what: dict = field(default_factory=lambda: dict(POLICY_WHAT))
     expect: str = "eviction"       # the expectations its verdicts apply (compare.py)
@@ -117,12 +116,8 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
                          f" (in {', '.join(str(d) for d in family_dirs())}).")
     meta = folder / "patch.toml"
     d = tomllib.loads(meta.read_text())
-    switches = {**RIGHT, **d.get("switches", {})}
     for name_, v in d.get("variants", {}).items():
-        unknown = set(v) - set(switches) - {"class", "what", "killer"}
-        if unknown:  # a typo would silently render the right patch under a mutant's name
-            raise UsageError(f"{meta}: variant '{name_}' sets unknown switches {sorted(unknown)}; "
-                             f"known: {', '.join(switches)}.")
+        _check_variant(meta, name_, v)
     from .coverage import SHAPES
     unknown_shapes = [x for x in d.get("shapes", ()) if x not in SHAPES]
     if unknown_shapes:
@@ -136,7 +131,7 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
                                                       rf"\bvoid {SURGERY}\((llama_batch & batch, )?int32_t id_slot")
     return PatchSpec(d["name"], d["summary"], tuple(d["policies"]),
                      tuple((s["title"], s["body"].strip()) for s in d["stages"]), d.get("variants", {}),
-                     family_dir(d["templates"]) if "templates" in d else folder, helper, definitions, switches,
+                     family_dir(d["templates"]) if "templates" in d else folder, helper, definitions,
                      d.get("params", {}),
                      {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"),
                      tuple(d.get("layouts", ())), tuple(d.get("shapes", ())), d.get("strategy", ""),
@@ -436,43 +431,26 @@ ANCHORS = (
 DEFAULT_PARTS = {"surgery.cpp.j2": "batch-surgery", "helper.cpp.j2": "server-method", "hook.cpp.j2": "decode-handler"}
 
 
-# The template's structural switches, as the right patch sets them. A mutant (patch.toml,
-# [variants.*]) flips one: mutants act on the patch's structure, never on its wording.
-RIGHT = {
-    "victim_by": "cells",          # cells | positions | prompt | generated | slot-id: the quantity the victim is chosen by
-    "n_victims": 1,                # slots terminated per overflow
-    "free_victim": True,           # the victim's cells released
-    "reset_survivors": False,      # survivors' batch indices reset too (they skip this step's sample)
-    "remove_entries": True,        # the victim's undecoded entries removed from the batch
-    "remove_from": "off",          # off | zero: where removal starts (entries below off are decoded)
-    "remap": "exact",              # exact | none | off-by-one | i-batch-only: survivors' indices after removal
-    "embd_compact": True,          # embd rows compacted with their tokens
-    "false_witness": False,        # log a victim other than the one terminated
-}
-
-
 def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: str = "largest",
            variant: str | None = None) -> bytes:
     if policy not in spec.policies:
         raise UsageError(f"unknown policy '{policy}'; choose from {', '.join(spec.policies)}.")
-    params = dict(spec.switches)
-    if variant:
-        if variant not in spec.variants:
-            raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")
-        params.update({k: v for k, v in spec.variants[variant].items() if k in spec.switches})
-        if params == spec.switches:
-            raise UsageError(f"variant '{variant}' flips no switch: it would render the right patch.")
+    if variant and variant not in spec.variants:
+        raise UsageError(f"unknown variant '{variant}'; known: {', '.join(spec.variants) or 'none'}.")
     if spec.layouts and facts.layout not in spec.layouts:
         raise LayoutError(f"{facts.file}: layout {facts.layout}; '{spec.name}' is written for layouts "
                           f"{' and '.join(spec.layouts)} (their slot memory and prompt API: a pre_decode() step, "
                           "prompt_clear(), common_memory); nothing was written.")
     env = templates(spec)
-    ctx = dict(f=facts, helper=spec.helper, surgery=SURGERY, policy=policy, stage=stage, **spec.params, **params)
+    ctx = dict(f=facts, helper=spec.helper, surgery=SURGERY, policy=policy, stage=stage, **spec.params)
+    edit = _variant_edit(env, spec, variant, ctx) if variant else (lambda text: text)
     member = facts.batch_model != "plain"
     edits: list[tuple[int, str]] = []  # (offset, text) inserted; the decode handler's part replaces a range
     hook = None
+    rendered = {template: env.get_template(template).render(**ctx) for template, _ in spec.parts}
+    rendered = edit(rendered)
     for template, anchor in spec.parts:
-        text = env.get_template(template).render(**ctx)
+        text = rendered[template]
         if anchor == "decode-handler":
             hook = "\n" + textwrap.indent(text.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "")
             continue
@@ -492,6 +470,53 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
     for at, text in sorted(edits, key=lambda e: -e[0]):
         out = out[:at] + text.encode() + out[at:]
     return out
+
+
+# A variant (a mutant of the catalog) is the right patch's rendered code edited: patch.toml's
+# [variants.NAME] `edit`, a list of {find: a regular expression over each rendered part, to: a
+# Jinja2 template of the replacement that sees the facts and the match's groups as m}, and `where`,
+# a Jinja2 expression over the facts saying on which layouts it applies. The templates a maintainer
+# reads hold the right patch only.
+VARIANT_KEYS = {"class", "what", "killer", "edit", "where"}
+
+
+def _check_variant(meta: Path, name: str, v: dict) -> None:
+    unknown = set(v) - VARIANT_KEYS
+    edits = v.get("edit")
+    if unknown or not edits or not all(isinstance(e, dict) and set(e) == {"find", "to"} for e in edits):
+        raise UsageError(f"{meta}: variant '{name}' must be {{class, what, killer, edit = [{{find, to}}, ...], "
+                         f"where?}}" + (f"; unknown keys {sorted(unknown)}" if unknown else "") + ".")
+    for e in edits:
+        try:
+            re.compile(e["find"])
+        except re.error as err:
+            raise UsageError(f"{meta}: variant '{name}': `find` {e['find']!r} is not a regular expression: {err}.")
+
+
+def _variant_edit(env: jinja2.Environment, spec: PatchSpec, variant: str, ctx: dict):
+    """The edit of rendered parts that makes `variant`: every `find` must match some part where the
+    variant applies, or the right patch changed under it (an error, never the right patch under a
+    mutant's name). Where it does not apply, the parts stay as they are (the campaign then says
+    'not-applicable' for this layout)."""
+    v = spec.variants[variant]
+    if "where" in v and not env.compile_expression(v["where"])(**ctx):
+        return lambda parts: parts
+
+    def edit(parts: dict[str, str]) -> dict[str, str]:
+        out = dict(parts)
+        for k, e in enumerate(v["edit"], 1):
+            to = env.from_string(e["to"])
+            hits = 0
+            for name, text in out.items():
+                out[name], n = re.subn(e["find"], lambda m: to.render(**ctx, m=[g or "" for g in (m[0], *m.groups())]),
+                                       text)
+                hits += n
+            if not hits:
+                raise PatchError(f"variant '{variant}' of '{spec.name}': edit {k} finds nothing in the rendered patch "
+                                 f"on layout {ctx['f'].layout} ({e['find']!r}): the right patch changed under it; "
+                                 "update its patch.toml.")
+        return out
+    return edit
 
 
 def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from toolkit import compare, measure, patch
-from toolkit.errors import UsageError
+from toolkit.errors import PatchError, UsageError
 from toolkit.record import Outcome, Run, Trace
 from toolkit.workload import load
 
@@ -103,12 +103,14 @@ def test_an_earlier_start_without_overflow_must_complete_everything():
     assert v.ok
 
 
+@pytest.mark.parametrize("family", ["evict-largest-slot", "park-slot", "recompute-slot"])
 @pytest.mark.parametrize("layout", ["C2", "D"])
-def test_every_mutant_flips_a_switch_and_changes_the_rendering(layout):
-    f = facts(**LAYOUTS[layout])
-    right = patch.render(SRC, f, SPEC, stage=3)
-    same = [name for name in SPEC.variants if patch.render(SRC, f, SPEC, stage=3, variant=name) == right]
-    assert same == [] and len(SPEC.variants) >= 12
+def test_every_mutant_edits_the_rendered_right_patch(layout, family):
+    spec = patch.load_patch(family)
+    f = replace(facts(**LAYOUTS[layout]), enum_at=0, enum_indent="    ", resume_at=0, resume_indent="    ")
+    right = patch.render(SRC, f, spec, stage=1)
+    same = [name for name in spec.variants if patch.render(SRC, f, spec, stage=1, variant=name) == right]
+    assert same == [] and len(spec.variants) >= (12 if family == "evict-largest-slot" else 3)
 
 
 def test_every_mutant_names_its_class_and_killer():
@@ -117,20 +119,44 @@ def test_every_mutant_names_its_class_and_killer():
         assert m.get("killer") and m.get("what"), name
 
 
-def test_a_mutant_with_an_unknown_switch_is_refused(tmp_path):
+def _family_copy(tmp_path, extra: str):
     (tmp_path / "x").mkdir()
     for f in SPEC.root.iterdir():
         (tmp_path / "x" / f.name).write_bytes(f.read_bytes())
     meta = tmp_path / "x" / "patch.toml"
-    meta.write_text(meta.read_text() + '\n[variants.typo]\nremap_indexes = false\n')
-    import toolkit.patch as p
-    old = p.PATCHES_DIR
-    p.PATCHES_DIR = tmp_path
-    try:
-        with pytest.raises(UsageError, match="unknown switches"):
-            p.load_patch("x")
-    finally:
-        p.PATCHES_DIR = old
+    meta.write_text(meta.read_text() + extra)
+    return tmp_path
+
+
+def test_a_mutant_with_an_unknown_key_or_a_bad_edit_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(patch.FAMILIES_ENV, str(_family_copy(tmp_path, '\n[variants.typo]\nremap_indexes = false\n')))
+    with pytest.raises(UsageError, match=r"variant 'typo' must be .*unknown keys \['remap_indexes'\]"):
+        patch.load_patch("x")
+
+
+def test_a_mutant_whose_edit_no_longer_matches_is_an_error_not_the_right_patch(tmp_path, monkeypatch):
+    """A right patch that changed under a mutant must not render the right patch under the mutant's name."""
+    monkeypatch.setenv(patch.FAMILIES_ENV, str(_family_copy(
+        tmp_path, "\n[variants.stale]\nwhat = 'w'\nedit = [{ find = 'no_such_line\\(\\);', to = 'x' }]\n")))
+    spec = patch.load_patch("x")
+    with pytest.raises(PatchError, match=r"variant 'stale' of 'evict-largest-slot': edit 1 finds nothing .* layout C2"):
+        patch.render(SRC, facts(), spec, stage=1, variant="stale")
+
+
+def test_a_mutant_applies_only_where_its_condition_holds():
+    """spec-not-remapped needs speculative indices; on a layout without them it renders the right
+    patch (the campaign calls that not-applicable), and only there."""
+    no_spec = facts(**LAYOUTS["A"])
+    assert patch.render(SRC, no_spec, SPEC, stage=1, variant="spec-not-remapped") == patch.render(SRC, no_spec, SPEC, stage=1)
+    c2 = facts()
+    assert patch.render(SRC, c2, SPEC, stage=1, variant="spec-not-remapped") != patch.render(SRC, c2, SPEC, stage=1)
+
+
+def test_the_templates_hold_the_right_patch_only():
+    """The catalog's variants are edits in patch.toml: no template a maintainer reads branches for a mutant."""
+    for family in patch.families():
+        for t in patch.load_patch(family).root.glob("*.j2"):
+            assert "MUTANT" not in t.read_text() and "BROKEN" not in t.read_text(), t
 
 
 def test_campaign_score_and_runs_killed():
