@@ -19,8 +19,8 @@ from pathlib import Path
 import git
 
 from . import build as build_mod
-from . import cache, codeindex, patch
-from .errors import PatchError, RepoError, UsageError
+from . import anchors, cache, codeindex, patch
+from .errors import LayoutError, PatchError, RepoError, UsageError
 from .source import BOT, current_branch, dirty_files, resolve
 from .ui import log_progress
 
@@ -35,7 +35,7 @@ class Analysis:
     commit: str
     file: str
     state: str                    # clean | applied | partial
-    facts: patch.Facts | None     # None when already applied
+    facts: anchors.Facts | None     # None when already applied
     source: bytes
     workspace: build_mod.Workspace
 
@@ -58,7 +58,7 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
     """Configure (if needed) a private work tree at `commit`, parse the server TU, read the layout."""
     _precheck(repo, commit)
     with build_mod.held(repo, commit, opts, progress) as ws:
-        rel = patch.find_server_file(ws.src)
+        rel = anchors.find_server_file(ws.src)
         text = (ws.src / rel).read_bytes()
         st = patch.state(text.decode(errors="replace"), spec)
         if st != "clean":
@@ -75,7 +75,7 @@ def analyze(repo: git.Repo, commit: str, spec: patch.PatchSpec, opts: build_mod.
         return Analysis(commit, rel, st, _facts(ws, rel, ws.compile_command(rel), text, progress), text, ws)
 
 
-def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, text: bytes, progress) -> patch.Facts:
+def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, text: bytes, progress) -> anchors.Facts:
     """The layout facts, parsed once per (tree, flags, analysing code): the libclang parse is ~3 s
     of every warm verify otherwise. Keyed by the whole tree (headers shape the AST too) and by the
     source of the modules that derive the facts, so editing them invalidates the entry."""
@@ -86,11 +86,11 @@ def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, tex
     key = cache.digest(ws.tree, rel, flags, importlib.metadata.version("libclang"), code)
     path = cache.sub("facts") / f"{key}.json"
     try:
-        return patch.Facts(**json.loads(path.read_text()))
+        return anchors.Facts(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass  # absent, or written by an older shape of Facts: parse
     progress(f"parsing {rel} with libclang")
-    facts = patch.analyze(codeindex.parse(cmd), text, rel)
+    facts = anchors.analyze(codeindex.parse(cmd), text, rel)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(facts)))
     tmp.replace(path)  # atomic: a concurrent reader sees all of it or nothing
@@ -100,14 +100,14 @@ def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, tex
 def _precheck(repo: git.Repo, commit: str) -> None:
     """Refuse in a second, before any configure, a tree whose server has no context-exceeded
     error at all: there is nothing for the AST anchors to find (e.g. ik_llama.cpp, layout E)."""
-    for rel in patch.SERVER_FILES:
+    for rel in anchors.SERVER_FILES:
         try:
             text = repo.git.show(f"{commit}:{rel}").encode()
         except git.GitCommandError:
             continue
-        if patch.precheck(rel, text):
+        if anchors.precheck(rel, text):
             return
-    raise patch.LayoutError(f"no server decode loop found at {commit[:12]} (looked in {', '.join(patch.SERVER_FILES)}).",
+    raise LayoutError(f"no server decode loop found at {commit[:12]} (looked in {', '.join(anchors.SERVER_FILES)}).",
                             hint="Is this a llama.cpp tree?")
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import git
 
 from . import build as build_mod
-from . import codeindex, patch, proc
+from . import anchors, codeindex, patch, proc
 from .compare import Check
 from .errors import PatchError
 from .source import resolve
@@ -76,7 +76,7 @@ def static_checks(tu, facts_like: dict, helper_name: str = patch.HELPER) -> list
     helper's and surgery's tokens. A pass says the code is there, not that it is right."""
     from clang.cindex import CursorKind as K
 
-    _, methods = patch.declarations(tu)
+    _, methods = anchors.declarations(tu)
     main = str(tu.spelling)
     source = Path(main).read_bytes()
     helper, hook_calls = None, 0
@@ -136,7 +136,7 @@ def check(repo: git.Repo, ref: str | None = None, patch_name: str = patch.DEFAUL
 
 
 def _check(repo: git.Repo, commit: str, ws, spec, progress, compile: bool) -> CheckResult:
-    rel = patch.find_server_file(ws.src)
+    rel = anchors.find_server_file(ws.src)
     path = ws.src / rel
     text = path.read_text(errors="replace")
     if patch.state(text, spec) != "applied":
@@ -154,7 +154,7 @@ def _check(repo: git.Repo, commit: str, ws, spec, progress, compile: bool) -> Ch
         t = time.monotonic()
         try:
             tu = codeindex.parse(cmd)
-            structs, _ = patch.declarations(tu)
+            structs, _ = anchors.declarations(tu)
             batch, slot = structs.get("server_batch", {}), structs.get("server_slot", {})
             facts = {"has_embd": "has_embd" in batch and "embd" in batch, "has_tokens_ptr": "tokens_ptr" in batch,
                      "has_spec_i_batch": "spec_i_batch" in slot}
@@ -216,7 +216,7 @@ def property_check(repo: git.Repo, ref: str | None = None, iterations: int = 200
 def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress, sanitize: bool = False) -> PropertyResult:
     """`sanitize`: the harness with ASan + UBSan (the tree's libraries stay plain; ASan's allocator
     still bounds every heap block), so an out-of-bounds read the surgery's result hides is caught."""
-    rel = patch.find_server_file(ws.src)
+    rel = anchors.find_server_file(ws.src)
     text = (ws.src / rel).read_text(errors="replace")
     if patch.state(text, spec) != "applied":
         raise PatchError(f"{rel} at {commit[:12]} does not carry '{spec.name}'.")

@@ -4,7 +4,7 @@ import dataclasses
 import jinja2
 import pytest
 
-from toolkit import patch
+from toolkit import anchors, patch
 from toolkit.errors import UsageError
 
 SRC = b"""// the server
@@ -38,7 +38,7 @@ def facts(**kw):
                 surgery_at=surgery_at, helper_at=helper_at, helper_indent="    ", hook_at=hook_at, hook_indent="                ",
                 hook_end=hook_end)
     base.update(kw)
-    return patch.Facts(**base)
+    return anchors.Facts(**base)
 
 
 SPEC = patch.load_patch()
@@ -94,11 +94,11 @@ def test_the_surgery_is_a_server_batch_member_where_there_is_one():
 
 def test_the_copied_termination_drops_the_always_true_guard():
     guarded = "if (slot.is_processing()) {\n    send_error(slot, err);\n    slot.release();\n}"
-    assert patch.unguard(guarded) == "send_error(slot, err);\nslot.release();"
-    assert patch.unguard("slot.release();\nsend_error(slot, err);") == "slot.release();\nsend_error(slot, err);"
+    assert anchors.unguard(guarded) == "send_error(slot, err);\nslot.release();"
+    assert anchors.unguard("slot.release();\nsend_error(slot, err);") == "slot.release();\nsend_error(slot, err);"
     # a guard with an else, or more after it, is not the always-true wrapper: kept verbatim
     other = "if (slot.is_processing()) {\n    a();\n} else {\n    b();\n}"
-    assert patch.unguard(other) == other
+    assert anchors.unguard(other) == other
 
 
 def test_unknown_policy_and_variant_refused():

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from toolkit import compare, measure, patch, referee, workload
+from toolkit import anchors, compare, measure, patch, referee, workload
 from toolkit.errors import LayoutError, UsageError
 from toolkit.record import Outcome, Run, Trace
 
@@ -181,7 +181,7 @@ def facts(**kw):
                 hook_indent="            ", enum_at=SRC.index(b"};"), enum_indent="    ",
                 resume_at=SRC.index(b"        try {"), resume_indent="        ")
     base.update(kw)
-    return patch.Facts(**base)
+    return anchors.Facts(**base)
 
 
 @pytest.mark.parametrize("name", ["park-slot", "recompute-slot"])
