@@ -81,7 +81,7 @@ def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, tex
     source of the modules that derive the facts, so editing them invalidates the entry."""
     import importlib.metadata
 
-    code = "".join(Path(m.__file__).read_text() for m in (codeindex, patch))
+    code = "".join(Path(m.__file__).read_text() for m in (codeindex, anchors))
     flags = [a.replace(str(ws.root), "<workspace>") for a in cmd.argv]  # where it is configured is no fact
     key = cache.digest(ws.tree, rel, flags, importlib.metadata.version("libclang"), code)
     path = cache.sub("facts") / f"{key}.json"
