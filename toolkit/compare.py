@@ -1,4 +1,7 @@
-"""Expectations and oracles: pure functions from recorded runs to verdicts. No processes.
+"""Expectations and oracles: pure functions from measured runs to verdicts. No processes.
+
+Every check reads a `measure.Measured` (a run measured once) and never measures itself; the
+before-side, control and base runs it compares with are plain records (their outcomes and streams).
 
 Vocabulary is closed: every Check is "pass" or "fail" (or "skip" with a reason, e.g. the
 integrity oracle when there is no control run).
@@ -7,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import measure
-from .measure import EXCEEDED
+from .measure import EXCEEDED, Measured, Overflow, Pause
 from .record import Run
 from .workload import Workload
 
@@ -44,14 +46,14 @@ def _slots(outs, kind: str) -> list[int]:
     return [o.slot for o in outs if o.outcome == kind]
 
 
-def server_checks(run: Run) -> list[Check]:
-    problems = measure.trace_problems(run) if run.trace else []
+def server_checks(m: Measured) -> list[Check]:
+    run, problems = m.run, m.trace_problems
     return [
         Check("log-matches-streams", "skip" if not run.trace else "fail" if problems else "pass",
               "the server printed no verbose log; measured from the client's records" if not run.trace
               else "; ".join(problems) if problems else
               "upstream's log lists exactly the tokens each client received: the measurement reads this run"),
-        sampling(run),
+        sampling(m),
         _check("no-crash", run.exit_code is None and run.alive_after,
                "server alive after the workload" if run.alive_after
                else f"server died (exit code {run.exit_code})"),
@@ -65,11 +67,11 @@ def server_checks(run: Run) -> list[Check]:
     ]
 
 
-def sampling(run: Run) -> Check:
+def sampling(m: Measured) -> Check:
     """One sample per decoded entry, each slot decoding what it sampled (upstream's log)."""
-    if not run.trace:
+    if not m.run.trace:
         return Check("one-sample-per-entry", "skip", "the server printed no verbose log")
-    problems, unjudged = measure.sampling_problems(run)
+    problems, unjudged = m.sampling_problems, list(m.sampling_unjudged)
     if problems:
         return Check("one-sample-per-entry", "fail", "; ".join(problems))
     return Check("one-sample-per-entry", "pass", "every slot decoded exactly the tokens it sampled, one entry per "
@@ -77,13 +79,13 @@ def sampling(run: Run) -> Check:
                              if unjudged else ""))
 
 
-def start_shape(run: Run, wl: Workload) -> Check:
+def start_shape(m: Measured) -> Check:
     """What the start measured to be (informational: verdicts never rest on it; runner.py only
     re-makes a start without the designed shape while its budget lasts)."""
-    offs = measure.first_group_offsets(run, wl)
+    run, wl, offs = m.run, m.wl, m.offsets
     moved = {s: d.steps for s, d in offs.items() if d.steps}
     how = sorted({d.source for d in offs.values()}) or ["one request"]
-    why = measure.shape(run, wl)
+    why = m.shape_miss
     detail = (f"requests released together started generating in the same step (measured from {', '.join(how)})"
               if not moved else "; ".join(  # steps > 0: it had sampled more at the same step, so it started first
                   f"slot {s} started generating {abs(n)} step{'s' if abs(n) != 1 else ''} {'before' if n > 0 else 'after'} "
@@ -93,28 +95,28 @@ def start_shape(run: Run, wl: Workload) -> Check:
     return Check("start", "pass" if not why else "skip", detail)
 
 
-def all_error(run: Run, wl: Workload) -> list[Check]:
+def all_error(m: Measured) -> list[Check]:
     """The bug: every request in play when the pool ran out got the context error, at once."""
-    evs = measure.overflows(run, wl)
+    run, evs = m.run, m.overflows
     errored = [o.slot for o in run.outcomes if o.outcome == "errored" and o.error == EXCEEDED]
     if not evs:
-        return [_check("all-slots-errored", False, f"no request got '{EXCEEDED}'")] + server_checks(run)
+        return [_check("all-slots-errored", False, f"no request got '{EXCEEDED}'")] + server_checks(m)
     play = [s.slot for s in evs[0].in_play]
     missed = [s for s in play if s not in errored]
     return [_check("all-slots-errored", not missed,
                    f"{len(errored)}/{len(run.outcomes)} slots got '{EXCEEDED}'; in play at the overflow (measured): "
-                   f"{play}" + (f", not errored: {missed}" if missed else ""))] + server_checks(run)
+                   f"{play}" + (f", not errored: {missed}" if missed else ""))] + server_checks(m)
 
 
-def unchanged(run: Run) -> list[Check]:
-    done = _slots(run.outcomes, "completed")
-    return [_check("all-completed", len(done) == len(run.outcomes),
-                   f"{len(done)}/{len(run.outcomes)} completed")] + server_checks(run)
+def unchanged(m: Measured) -> list[Check]:
+    done = _slots(m.run.outcomes, "completed")
+    return [_check("all-completed", len(done) == len(m.run.outcomes),
+                   f"{len(done)}/{len(m.run.outcomes)} completed")] + server_checks(m)
 
 
-def one_victim(run: Run, wl: Workload, policy: str = "largest", witness_expected: bool = False) -> list[Check]:
+def one_victim(m: Measured, witness_expected: bool = False) -> list[Check]:
     """The eviction, judged on measurements (measure.py); the patch's log is a second witness."""
-    evs = measure.overflows(run, wl, policy)
+    run, wl, policy, evs = m.run, m.wl, m.policy, m.overflows
     errored = [o for o in run.outcomes if o.outcome == "errored"]
     survivors = [o for o in run.outcomes if o.outcome != "errored"]
     bad = [e for e in evs if len(e.terminated) != 1 or not e.full]
@@ -134,8 +136,8 @@ def one_victim(run: Run, wl: Workload, policy: str = "largest", witness_expected
                   f"(margin {e.margin} cells, uncertainty {e.uncertainty})"
                   + (" AMBIGUOUS" if e.margin <= e.uncertainty and set(e.terminated) <= set(e.expected) else "")
                   for e in evs) or "no eviction measured"))
-    checks.append(witness(run, evs, witness_expected))
-    checks.append(victim_stops(run))
+    checks.append(witness(m, witness_expected))
+    checks.append(victim_stops(m))
     if wl.expect.shift or wl.expect.shape:
         if policy != "largest":
             checks.append(Check("designed-shape", "skip", f"this workload's shape is designed for the largest "
@@ -143,46 +145,33 @@ def one_victim(run: Run, wl: Workload, policy: str = "largest", witness_expected
         elif not evs:
             checks.append(_check("designed-shape", False, "no eviction measured"))
         else:
-            checks += [_check(name, ok, why) for name, ok, why in measure.designed(evs[0], wl)]
+            checks += [_check(name, ok, why) for name, ok, why in m.designed]
     short = [(o.slot, o.outcome, len(o.tokens)) for o in survivors
              if o.outcome != "completed" or len(o.tokens) != o.n_predict]
     checks.append(_check("survivors-complete", not short and bool(survivors),
                          f"{len(survivors)} survivors got all their tokens" if not short
                          else f"incomplete survivors (slot, outcome, tokens): {short}"))
-    return checks + server_checks(run)
+    return checks + server_checks(m)
 
 
-def victim_stops(run: Run) -> Check:
+def victim_stops(m: Measured) -> Check:
     """A terminated request's task decodes nothing more (upstream's log: no batch entry of that task
     after its error). A patch that sends the error but does not release the slot leaves it generating
     into a closed stream: every outcome looks right, and the pool and the steps are spent on nobody."""
-    if not run.trace:
+    if not m.run.trace:
         return Check("victim-stops", "skip", "the server printed no verbose log")
-    slots = {o.slot for o in run.outcomes}
-    first: dict[int, int] = {}
-    for t in run.trace:
-        if t.kind == "launch" and t.slot in slots:
-            first.setdefault(t.slot, t.task)
-    tasks = set(first.values())
-    problems = []
-    for k, t in enumerate(run.trace):
-        if t.kind == "error" and t.text == EXCEEDED and t.task in tasks:
-            after = sum(1 for x in run.trace[k + 1:] if x.kind == "entry" and x.task == t.task)
-            if after:
-                slot = next(s for s, task in first.items() if task == t.task)
-                problems.append(f"slot {slot} (task {t.task}) had {after} batch entr{'y' if after == 1 else 'ies'} "
-                                "after it was sent the error: it went on generating for nobody")
-    return _check("victim-stops", not problems, "; ".join(problems) if problems else
+    return _check("victim-stops", not m.late_entries, "; ".join(m.late_entries) if m.late_entries else
                   "no terminated request's task decoded anything after its error (upstream's log)")
 
 
-def witness(run: Run, evs: tuple[measure.Overflow, ...], expected: bool = False) -> Check:
+def witness(m: Measured, expected: bool = False) -> Check:
     """The patch's own eviction lines must agree with the measurement: same victims in the same
     order, same offset, the cells of every slot a line names within the measurement's
     uncertainty. `expected`: the candidate is patchkit's eviction, which logs one line per
     eviction, so a line that cannot be read (its wording changed, or it was never printed) fails:
     a witness that cannot testify is not a witness that agrees."""
-    logged = [e for e in run.events if e.kind == "evict"]
+    evs: tuple[Overflow, ...] = m.overflows
+    logged = [e for e in m.run.events if e.kind == "evict"]
     if not logged:
         if expected and evs:
             return Check("witness-agrees", "fail", f"{len(evs)} eviction(s) measured, but no eviction line of the "
@@ -208,17 +197,17 @@ def witness(run: Run, evs: tuple[measure.Overflow, ...], expected: bool = False)
                   if not problems else "; ".join(problems))
 
 
-def integrity(run: Run, control: Run, wl: Workload | None = None) -> list[Check]:
+def integrity(m: Measured, control: Run) -> list[Check]:
     """Survivors' token streams equal the control's; a victim's stream is a prefix of it.
 
     With `expect.integrity = "after-overflow"` (a real model, whose numerics depend on the batch
     mix: a start one step apart changes the batch) a difference that begins before the slot's
     overflow step cannot be the eviction's doing, so the control cannot judge that slot: it is
     reported, not failed. A difference from the overflow step on is the patch's, and fails."""
-    lenient = wl is not None and wl.expect.integrity == "after-overflow"
+    run, lenient = m.run, m.wl.expect.integrity == "after-overflow"
     steps = {}
     if lenient:
-        for ev in measure.overflows(run, wl):
+        for ev in m.overflows:
             for s in ev.in_play:
                 steps.setdefault(s.slot, s.generated)
     ctl = {o.slot: o for o in control.outcomes}
@@ -319,11 +308,11 @@ def no_regression(run: Run, before: Run | None, wl: Workload) -> list[Check]:
     return [Check("no-regression", "fail" if problems else "pass", detail)]
 
 
-def reference(run: Run, wl: Workload) -> list[Check]:
+def reference(m: Measured) -> list[Check]:
     """The before side when it is not judged (it is what the change is compared with)."""
-    evs = measure.overflows(run, wl)
+    run, evs = m.run, m.overflows
     what = ("evicted: " + "; ".join(f"terminated {list(e.terminated)} of {[s.slot for s in e.in_play]}" for e in evs)
-            if measure.evicts(run, wl) else
+            if m.evicts else
             "every request in play errored at the overflow" if evs else
             "outcomes " + ", ".join(f"{o.slot}:{o.outcome}" for o in run.outcomes))
     return [Check("reference", "skip", f"the before side, compared with, not judged: {what}")]
@@ -339,62 +328,61 @@ EXPECTATIONS = ("eviction", "preemption", "no-regression")
 SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "designed-shape")
 
 
-def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
-          policy: str = "largest", base: Run | None = None, expect: str = "eviction",
-          base_reference: bool = False, witness: bool = False) -> Verdict:
+def judge(m: Measured, side: str, index: int = 0, control: Run | None = None, base: Run | None = None,
+          expect: str = "eviction", base_reference: bool = False, witness: bool = False) -> Verdict:
     """The run's verdict, and every earlier start of it (made again for its shape) judged too:
     a start is never dropped for its verdict. An earlier start that did not overflow at all is
     held to "every request completes"."""
-    v = _judge(wl, side, run, index, control, policy, base, expect, base_reference, witness)
-    if not run.earlier:
+    v = _judge(m, side, index, control, base, expect, base_reference, witness)
+    if not m.earlier:
         return v
     problems = []
-    for e in run.earlier:
-        overflowed = any(o.error == EXCEEDED for o in e.outcomes)
-        checks = (_judge(wl, side, e, index, control, policy, base, expect, base_reference, witness).checks
+    for e in m.earlier:
+        overflowed = any(o.error == EXCEEDED for o in e.run.outcomes)
+        checks = (_judge(e, side, index, control, base, expect, base_reference, witness).checks
                   if overflowed else tuple(unchanged(e)))
-        problems += [f"start {e.attempts} ({e.log}): {c.name}: {c.detail}" for c in checks
+        problems += [f"start {e.run.attempts} ({e.run.log}): {c.name}: {c.detail}" for c in checks
                      if c.status == "fail" and c.name not in SHAPE_CHECKS]
     return Verdict(v.workload, v.side, v.run_index, v.checks + (Check(
         "earlier-starts", "fail" if problems else "pass",
-        "; ".join(problems) if problems else f"{len(run.earlier)} earlier start(s), made again for their shape, "
+        "; ".join(problems) if problems else f"{len(m.earlier)} earlier start(s), made again for their shape, "
         "pass every other check"),))
 
 
-def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None,
-           policy: str = "largest", base: Run | None = None, expect: str = "eviction",
-           base_reference: bool = False, witness: bool = False) -> Verdict:
+def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, base: Run | None = None,
+           expect: str = "eviction", base_reference: bool = False, witness: bool = False) -> Verdict:
     """expect "eviction": the workload's own expectations (base shows the bug, candidate evicts
     one). With `base_reference` (the base already evicts, or it is the fork's current nightly in
     the pin gate) the base side is not judged but compared with: the candidate must also not
     regress from it. "no-regression": the base side is a reference; the candidate must not do
     worse on any request, and its server must stay healthy."""
+    run, wl = m.run, m.wl
     if expect == "preemption" and side == "candidate" and wl.expect.base == "all-error":
         # on an overflow workload; a workload whose base does not overflow (fits, single-slot) keeps
         # its own expectation below: a preemption must change nothing there
         # a model measured not batch-invariant cannot be held to its control once the batch changed
-        return Verdict(wl.name, side, index, tuple(server_checks(run) + preemption(
-            run, wl, control, exact=wl.expect.integrity is True)))
+        return Verdict(wl.name, side, index, tuple(server_checks(m) + preemption(
+            m, control, exact=wl.expect.integrity is True)))
     if expect == "no-regression" or (side == "base" and base_reference):
-        checks = (reference(run, wl) if side == "base"
-                  else no_regression(run, base, wl) + server_checks(run))
-        return Verdict(wl.name, side, index, (start_shape(run, wl), *checks))
+        checks = (reference(m) if side == "base"
+                  else no_regression(run, base, wl) + server_checks(m))
+        return Verdict(wl.name, side, index, (start_shape(m), *checks))
     mode = wl.expect.base if side == "base" else wl.expect.candidate
     if mode == "same":
-        checks = server_checks(run) + (same_as(run, base) if side == "candidate" else [])
+        checks = server_checks(m) + (same_as(run, base) if side == "candidate" else [])
     elif mode == "all-error":
-        checks = all_error(run, wl)
+        checks = all_error(m)
     elif mode == "unchanged":
-        checks = unchanged(run)
+        checks = unchanged(m)
     elif mode == "one-victim":
-        checks = one_victim(run, wl, policy, witness_expected=witness and side == "candidate")
+        checks = one_victim(m, witness_expected=witness and side == "candidate")
     else:
         raise ValueError(f"unknown expectation '{mode}' in workload {wl.name}")
     if side == "candidate" and wl.expect.integrity:
-        checks += integrity(run, control, wl) if control else [Check("integrity", "skip", "no control run")]
+        checks += integrity(m, control) if control else [Check("integrity", "skip", "no control run")]
     if side == "candidate" and base_reference:
         checks += no_regression(run, base, wl)
-    return Verdict(wl.name, side, index, (start_shape(run, wl), *checks))
+    return Verdict(wl.name, side, index, (start_shape(m), *checks))
 
 
 # ------------------------------------------------------------------ preemption (park / recompute)
@@ -404,20 +392,20 @@ def _judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | Non
 IDLE_STEPS_BOUND = 2
 
 
-def preemption(run: Run, wl: Workload, control: Run | None, exact: bool = True) -> list[Check]:
+def preemption(m: Measured, control: Run | None, exact: bool = True) -> list[Check]:
     """What a preemption (park by swap, or recompute) promises, measured: no request fails; each
     stream equals the same request's control run token for token (the control: the same requests
     in a pool with room for all); every cell comes back (a request of nearly the whole pool
     completes afterwards); no request waits while nothing runs; and on a workload whose base
     overflows, a request was parked at all (else nothing was exercised). `exact=False` (a recompute
     on a backend measured not to be batch-invariant): differences are reported, not failed."""
-    outs = run.outcomes
+    run, wl, outs = m.run, m.wl, m.run.outcomes
     failed = [o for o in outs if o.outcome != "completed"]
     checks = [_check("no-request-fails", not failed,
                      "; ".join(f"slot {o.slot}: {o.outcome} after {len(o.tokens)}/{o.n_predict} tokens"
                                + (f" ({o.error})" if o.error else "") for o in failed)
                      if failed else f"all {len(outs)} requests completed")]
-    ps = measure.pauses(run)
+    ps = m.pauses
     n = sum(len(v) for v in ps.values())
     if wl.expect.base == "all-error":
         checks.append(_check("parks-measured", n > 0,
@@ -437,7 +425,7 @@ def preemption(run: Run, wl: Workload, control: Run | None, exact: bool = True) 
                              "every resumed request came back holding exactly its tokens so far (the cells it "
                              "held when it paused, or those plus its pending sampled token)"))
     if n:
-        unfreed = measure.unfreed_parks(run)
+        unfreed = m.unfreed_parks
         checks.append(_check("parks-free-cells", not unfreed, "; ".join(unfreed) if unfreed else
                              "after every park the retry at the same offset found the cells it freed"))
     if control is None:
@@ -478,7 +466,7 @@ def preemption(run: Run, wl: Workload, control: Run | None, exact: bool = True) 
     return checks
 
 
-def describe_pauses(ps: dict[int, tuple[measure.Pause, ...]]) -> str:
+def describe_pauses(ps: dict[int, tuple[Pause, ...]]) -> str:
     return "; ".join(f"slot {s}: " + ", ".join(f"at token {p.at_token}" + (f" for {p.seconds:.2f} s" if p.seconds else "")
                                                + ("" if p.resumed else " (never resumed)") for p in v)
                      for s, v in sorted(ps.items()))

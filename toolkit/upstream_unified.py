@@ -142,7 +142,7 @@ def compare_runs(wl: Workload, base: tuple[Run, ...], candidate: tuple[Run, ...]
         for k, run in enumerate(runs):
             v = by.get((side, k))
             checks = tuple(c for c in (v.checks if v else ()) if c.name in names)
-            extra = tuple(c for c in compare.one_victim(run, wl, policy)
+            extra = tuple(c for c in compare.one_victim(measure.measure(run, wl, policy))
                           if c.name in CANDIDATE_CHECKS) if side == "base" else ()
             sides.append(Side(side, k, tuple(_outcome(o) for o in run.outcomes),
                               upstream_rule(run.outcomes, case.expected_success),

@@ -72,6 +72,13 @@ class Result:
 Say = Callable[[str], None]
 
 
+def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None, policy: str = "largest",
+          base: Run | None = None, expect: str = "eviction", base_reference: bool = False,
+          witness: bool = False) -> compare.Verdict:
+    """Measure the run once, then judge the measurement (compare.py never measures)."""
+    return compare.judge(measure.measure(run, wl, policy), side, index, control, base, expect, base_reference, witness)
+
+
 def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, workloads: list[Workload], *,
               repeat: int = 1, work_dir: Path, opts: build_mod.Options = build_mod.Options(),
               policy: str = "largest", candidate_label: str = "", candidate_source: str | None = None,
@@ -160,12 +167,12 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     for wl, tiny, control, base_runs, cand_runs in recorded:
         verdicts = []
         for k, r in enumerate(base_runs):
-            verdicts.append(compare.judge(wl, "base", r, k, expect=applied, base_reference=base_reference))
+            verdicts.append(judge(wl, "base", r, k, expect=applied, base_reference=base_reference))
             if k < len(cand_runs):
                 # patchkit's own eviction logs one line per eviction: its witness must be readable
-                verdicts.append(compare.judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
-                                              expect=applied, base_reference=base_reference,
-                                              witness=evicting_patch and patch_expect == "eviction"))
+                verdicts.append(judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
+                                      expect=applied, base_reference=base_reference,
+                                      witness=evicting_patch and patch_expect == "eviction"))
         side_by_side = (upstream_unified.compare_runs(wl, tuple(base_runs), tuple(cand_runs), tuple(verdicts), policy)
                         if wl.name == upstream_unified.WORKLOAD and applied == "eviction" and not base_reference
                         else None)

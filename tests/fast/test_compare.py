@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from toolkit import compare, measure
+from toolkit import compare, measure, verify
 from toolkit.record import Outcome, Run, sanitizer_findings
 from toolkit.workload import load
 
@@ -31,7 +31,7 @@ def control(wl=WL):
 
 def judge(wl, side="candidate", **kw):
     ctl = kw.pop("control", control(wl))
-    return compare.judge(wl, side, sim(wl, patched=side == "candidate", **kw), control=ctl)
+    return verify.judge(wl, side, sim(wl, patched=side == "candidate", **kw), control=ctl)
 
 
 def failed(v):
@@ -57,7 +57,7 @@ def test_base_bug_reproduced():
 
 
 def test_base_without_bug_fails():
-    v = compare.judge(WL, "base", control())
+    v = verify.judge(WL, "base", control())
     assert failed(v).keys() == {"all-slots-errored"}
 
 
@@ -86,7 +86,7 @@ def test_large_start_skew_and_jitter_judged_on_measurement(launch, seed, verbose
     evs = measure.overflows(r, WL)
     truth = [e for e in r.events if e.kind == "evict"]
     assert [e.terminated for e in evs] == [(t.victim,) for t in truth]
-    v = compare.judge(WL, "candidate", r, control=control())
+    v = verify.judge(WL, "candidate", r, control=control())
     assert v.ok, failed(v)
 
 
@@ -98,7 +98,7 @@ def test_false_witness_fails_on_measurement_even_with_jitter(verbose):
         r = simulate(prompts(wl), [r.n_predict for r in wl.requests], wl.server.ctx,
                      launch=[0 if r.start_ms == 0 else 75 for r in wl.requests], lie=True, jitter=stalls(n),
                      verbose=verbose)
-        v = compare.judge(wl, "candidate", r, control=simulate(prompts(wl), [r.n_predict for r in wl.requests], 8192))
+        v = verify.judge(wl, "candidate", r, control=simulate(prompts(wl), [r.n_predict for r in wl.requests], 8192))
         f = failed(v)
         assert "victim-is-largest" in f and "witness-agrees" in f, (wl.name, f)
         assert "log says slot" in f["witness-agrees"] or "log names victims" in f["witness-agrees"]
@@ -117,7 +117,7 @@ def test_shift_not_exercised_fails_for_shift_workloads_only(verbose):
     r = sim(WF, launch=[0, 1, 1, 1], verbose=verbose)
     ev, = measure.overflows(r, WF)
     assert ev.terminated == (0,) and ev.off >= 1
-    v = compare.judge(WF, "candidate", r, control=control(WF))
+    v = verify.judge(WF, "candidate", r, control=control(WF))
     assert "already decoded" in failed(v)["shift-exercised"]
     assert measure.shape(r, WF) is not None      # the runner would make this start again
     assert measure.shape(sim(WF, verbose=verbose), WF) is None     # the designed start
@@ -132,7 +132,7 @@ def test_shape_is_the_policys_not_the_candidates(verbose):
     ev, = measure.overflows(r, WF)
     assert ev.terminated == (3,) and ev.expected == (0,) and ev.off == 0
     assert measure.shape(r, WF) is None
-    f = failed(compare.judge(WF, "candidate", r, control=control(WF)))
+    f = failed(verify.judge(WF, "candidate", r, control=control(WF)))
     assert "victim-is-largest" in f and "shift-exercised" not in f
 
 
@@ -142,9 +142,9 @@ def test_patch_log_is_not_needed_but_must_agree():
     r = sim(WL)
     e = r.events[0]
     liar = replace(r, events=(replace(e, cells=e.cells + 5),))
-    assert "log says slot 3 held 291" in failed(compare.judge(WL, "candidate", liar, control=control()))["witness-agrees"]
+    assert "log says slot 3 held 291" in failed(verify.judge(WL, "candidate", liar, control=control()))["witness-agrees"]
     wrong_off = replace(r, events=(replace(e, off=2),))
-    assert "log says off 2, measured 0" in failed(compare.judge(WL, "candidate", wrong_off, control=control()))[
+    assert "log says off 2, measured 0" in failed(verify.judge(WL, "candidate", wrong_off, control=control()))[
         "witness-agrees"]
 
 
@@ -160,7 +160,7 @@ def test_short_survivor_fails():
     r = sim(WL)
     outs = list(r.outcomes)
     outs[1] = replace(outs[1], outcome="truncated", tokens=outs[1].tokens[:200], token_t=outs[1].token_t[:200])
-    assert "survivors-complete" in failed(compare.judge(WL, "candidate", replace(r, outcomes=tuple(outs))))
+    assert "survivors-complete" in failed(verify.judge(WL, "candidate", replace(r, outcomes=tuple(outs))))
 
 
 def test_integrity_reports_first_difference():
@@ -169,14 +169,14 @@ def test_integrity_reports_first_difference():
     bad = list(outs[1].tokens)
     bad[187] = 9
     outs[1] = replace(outs[1], tokens=tuple(bad))
-    v = compare.judge(WF, "candidate", replace(r, outcomes=tuple(outs)), control=control(WF))
+    v = verify.judge(WF, "candidate", replace(r, outcomes=tuple(outs)), control=control(WF))
     assert "slot 1: differs from control at token 187" in failed(v)["integrity"]
 
 
 def test_integrity_when_the_control_did_not_complete_says_so():
     ctl = control()
     broken = replace(ctl, outcomes=tuple(replace(o, outcome="errored") for o in ctl.outcomes))
-    v = compare.judge(WL, "candidate", sim(WL), control=broken)
+    v = verify.judge(WL, "candidate", sim(WL), control=broken)
     assert "control did not complete" in failed(v)["integrity"]
 
 
@@ -186,17 +186,17 @@ def test_victim_must_be_prefix_of_control():
     v_toks = list(outs[3].tokens)
     v_toks[5] = 0
     outs[3] = replace(outs[3], tokens=tuple(v_toks))
-    v = compare.judge(WL, "candidate", replace(r, outcomes=tuple(outs)), control=control())
+    v = verify.judge(WL, "candidate", replace(r, outcomes=tuple(outs)), control=control())
     assert "slot 3 (victim): differs from control at token 5" in failed(v)["integrity"]
 
 
 def test_dead_server_fails_even_if_outcomes_look_fine():
     r = replace(sim(WL), alive_after=False, followup_ok=False, exit_code=-11)
-    assert {"no-crash", "serves-after"} <= failed(compare.judge(WL, "candidate", r)).keys()
+    assert {"no-crash", "serves-after"} <= failed(verify.judge(WL, "candidate", r)).keys()
 
 
 def test_no_control_is_skip_not_pass():
-    checks = {c.name: c for c in compare.judge(WL, "candidate", sim(WL)).checks}
+    checks = {c.name: c for c in verify.judge(WL, "candidate", sim(WL)).checks}
     assert checks["integrity"].status == "skip"
 
 
@@ -206,8 +206,8 @@ def test_same_as_base():
     def one(n):
         o = Outcome(0, "truncated", 200, None, True, "limit", True, n, tuple(range(n)), 40, 400, 0, 0, 0)
         return Run("w", (o,), (), (), True, True, None, 0.3, "log")
-    assert compare.judge(wl, "candidate", one(156), base=one(156)).ok
-    assert not compare.judge(wl, "candidate", one(150), base=one(156)).ok
+    assert verify.judge(wl, "candidate", one(156), base=one(156)).ok
+    assert not verify.judge(wl, "candidate", one(150), base=one(156)).ok
 
 
 def test_first_difference():
@@ -226,8 +226,8 @@ def test_smallest_policy_measured():
     r = simulate(prompts(WL), 240, 1024, policy="smallest")
     ev, = measure.overflows(r, WL, "smallest")
     assert ev.terminated == (0,) and ev.expected == (0,)
-    assert compare.judge(WL, "candidate", r, policy="smallest", control=control()).ok
-    assert "victim-is-largest" in failed(compare.judge(WL, "candidate", r, policy="largest"))
+    assert verify.judge(WL, "candidate", r, policy="smallest", control=control()).ok
+    assert "victim-is-largest" in failed(verify.judge(WL, "candidate", r, policy="largest"))
 
 
 def test_sanitizer_findings_fail_the_run():
@@ -236,7 +236,7 @@ def test_sanitizer_findings_fail_the_run():
     found = sanitizer_findings(log)
     assert len(found) == 2 and "heap-buffer-overflow" in found[0]
     dirty = replace(sim(WL), sanitizer=found)
-    assert "2 finding(s)" in failed(compare.judge(WL, "candidate", dirty))["no-sanitizer-findings"]
+    assert "2 finding(s)" in failed(verify.judge(WL, "candidate", dirty))["no-sanitizer-findings"]
     assert sanitizer_findings("all good\n") == ()
 
 
@@ -250,15 +250,15 @@ def test_after_overflow_integrity_reports_early_differences_and_fails_late_ones(
     toks[1] = 99
     early[2] = replace(early[2], tokens=tuple(toks))
     run_early = replace(r, outcomes=tuple(early))
-    c = {c.name: c for c in compare.judge(lenient, "candidate", run_early, control=control()).checks}["integrity"]
+    c = {c.name: c for c in verify.judge(lenient, "candidate", run_early, control=control()).checks}["integrity"]
     assert c.status == "skip" and "slot 2 at token 1, before its overflow step 187" in c.detail
-    assert "slot 2: differs from control at token 1" in failed(compare.judge(WL, "candidate", run_early,
+    assert "slot 2: differs from control at token 1" in failed(verify.judge(WL, "candidate", run_early,
                                                                               control=control()))["integrity"]
     late = list(r.outcomes)
     toks = list(late[1].tokens)
     toks[190] = 99
     late[1] = replace(late[1], tokens=tuple(toks))
-    f = failed(compare.judge(lenient, "candidate", replace(r, outcomes=tuple(late)), control=control()))
+    f = failed(verify.judge(lenient, "candidate", replace(r, outcomes=tuple(late)), control=control()))
     assert "slot 1: differs from control at token 190" in f["integrity"]
 
 
@@ -275,7 +275,7 @@ def test_server_log_measurement_is_exact_and_checked_against_the_streams():
     assert measure.trace_problems(burst) == []
     other = sim(WF, launch=[0, 1, 0, 2])
     assert measure.trace_problems(replace(burst, trace=other.trace)) != []
-    f = failed(compare.judge(WF, "candidate", replace(burst, trace=other.trace), control=control(WF)))
+    f = failed(verify.judge(WF, "candidate", replace(burst, trace=other.trace), control=control(WF)))
     assert "log-matches-streams" in f
 
 
@@ -283,16 +283,16 @@ def test_same_as_base_allows_an_errored_stream_to_stop_a_step_apart_but_nothing_
     wl = load("speculative")
     base = simulate([40, 60, 80, 100], 240, 1024, patched=False)
     later = simulate([40, 60, 80, 100], 240, 1024, patched=False, launch=[0, 0, 1, 0])
-    c = {c.name: c for c in compare.judge(wl, "candidate", later, base=base).checks}["same-as-base"]
+    c = {c.name: c for c in verify.judge(wl, "candidate", later, base=base).checks}["same-as-base"]
     assert c.status == "pass" and "prefixes" in c.detail
     outs = list(later.outcomes)
     toks = list(outs[1].tokens)
     toks[5] = 99
     outs[1] = replace(outs[1], tokens=tuple(toks))
-    f = failed(compare.judge(wl, "candidate", replace(later, outcomes=tuple(outs)), base=base))
+    f = failed(verify.judge(wl, "candidate", replace(later, outcomes=tuple(outs)), base=base))
     assert "slot 1: errored -> errored, tokens differ at 5" in f["same-as-base"]
     evicted = simulate([40, 60, 80, 100], 240, 1024)
-    assert "slot 0: errored -> completed" in failed(compare.judge(wl, "candidate", evicted, base=base))["same-as-base"]
+    assert "slot 0: errored -> completed" in failed(verify.judge(wl, "candidate", evicted, base=base))["same-as-base"]
 
 
 def test_an_overflow_workload_without_an_overflow_is_made_again():
@@ -311,13 +311,27 @@ def test_a_step_without_a_sample_fails_one_sample_per_entry():
     """A stale batch index (no remap): the slot whose row moved is not sampled in that step and
     decodes its previous token again. Upstream's log shows it even when the streams do not."""
     r = simulate(prompts(WF), 240, WF.server.ctx)
-    assert compare.sampling(r).status == "pass"
+    assert compare.sampling(measure.measure(r, WF)).status == "pass"
     trace = list(r.trace)
     k = [i for i, t in enumerate(trace) if t.kind == "token" and t.slot == 3][150]
     dup = next(t for t in reversed(trace[:k]) if t.kind == "entry" and t.slot == 3)
     # its sample dropped, its entry repeated one cell later (the first one was decoded; the same token at
     # the same cell count would be an entry taken out undecoded and made again: a preemption's resume)
     broken = replace(r, trace=tuple(trace[:k] + [replace(dup, value=dup.value + 1)] + trace[k + 1:]))
-    c = compare.sampling(broken)
+    c = compare.sampling(measure.measure(broken, WF))
     assert c.status == "fail" and c.detail.startswith("slot 3: decode #") and "the previous token again" in c.detail
-    assert compare.sampling(replace(r, trace=())).status == "skip"
+    assert compare.sampling(measure.measure(replace(r, trace=()), WF)).status == "skip"
+
+
+def test_compare_judges_a_measurement_and_never_measures():
+    """Measure once, then judge (issue 27): compare.py takes a run's facts from one Measured record;
+    from measure it imports the record, the types in it and a constant, never a function."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(compare))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "measure" for a in n.names}
+    assert imported == {"EXCEEDED", "Measured", "Overflow", "Pause"}
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "measure"]
+    r = simulate(prompts(WL), 240, WL.server.ctx)
+    m = measure.measure(r, WL)
+    assert m.overflows == measure.overflows(r, WL) and m.run is r and not m.preempts

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from toolkit import build, compare, errors, proc, report, source, workload
+from toolkit import build, compare, errors, measure, proc, report, source, workload
 from toolkit.cli import cli
 from toolkit.record import Outcome
 
@@ -172,7 +172,7 @@ def test_start_offsets_in_words():
     prompts = [len(r.prompt) for r in wl.requests]
     for verbose in (True, False):  # from the server log, and from /slots snapshots
         run = simulate(prompts, 240, wl.server.ctx, launch=[0, 1, 0, 3], verbose=verbose, snapshots=(5, 10))
-        detail = compare.start_shape(run, wl).detail
+        detail = compare.start_shape(measure.measure(run, wl)).detail
         assert detail.startswith("slot 1 started generating 1 step after slot 0; "
                                  "slot 3 started generating 3 steps after slot 0 (released together; measured from ")
         assert "{" not in detail

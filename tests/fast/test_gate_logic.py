@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from toolkit import compare, gate, mix
+from toolkit import compare, gate, mix, verify
 from toolkit.errors import ReportError
 from toolkit.verify import expectations
 from toolkit.workload import load
@@ -61,12 +61,12 @@ def test_expectations_are_measured_not_assumed():
 
 def test_judge_uses_the_base_as_reference_when_asked():
     before, after = sim(WL), sim(WL)
-    v = compare.judge(WL, "base", before, base_reference=True)
+    v = verify.judge(WL, "base", before, base_reference=True)
     assert [c.name for c in v.checks][1:] == ["reference"] and v.ok
-    v = compare.judge(WL, "candidate", after, base=before, base_reference=True, control=sim(WL, patched=False))
+    v = verify.judge(WL, "candidate", after, base=before, base_reference=True, control=sim(WL, patched=False))
     names = [c.name for c in v.checks]
     assert "no-regression" in names and "victim-is-largest" in names
-    v = compare.judge(FITS, "candidate", sim(FITS), base=sim(FITS), expect="no-regression")
+    v = verify.judge(FITS, "candidate", sim(FITS), base=sim(FITS), expect="no-regression")
     assert {c.name for c in v.checks} >= {"no-regression", "no-crash"} and "all-completed" not in {c.name for c in v.checks}
 
 

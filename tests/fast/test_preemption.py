@@ -51,7 +51,7 @@ def run(park_at=3, back_after=2, resume_cells=None, idle=0, never=False, n=10, p
 
 def checks(r, control=None):
     control = control or run(park_at=99)
-    return {c.name: c for c in compare.preemption(r, WL, control)}
+    return {c.name: c for c in compare.preemption(measure.measure(r, WL), control)}
 
 
 def test_a_pause_is_read_from_the_log_with_where_it_happened():
@@ -143,7 +143,7 @@ def test_a_park_whose_cells_do_not_come_back_shows_in_the_retry_after_it():
 def test_an_undecoded_entry_made_again_is_one_sample_not_a_skipped_one():
     """upstream's log shows the parked slot's entry twice (taken out, made again at the same cell
     count): one decode, one sample; a re-entry one cell later would be a step without a sample."""
-    assert compare.sampling(run()).status == "pass"
+    assert compare.sampling(measure.measure(run(), WL)).status == "pass"
 
 
 # ------------------------------------------------------------------ renders

@@ -2,7 +2,7 @@
 hand-built outcomes and on runs of tests/fast/sim.py's forward model: no processes."""
 from dataclasses import replace
 
-from toolkit import compare, upstream_unified
+from toolkit import compare, upstream_unified, verify
 from toolkit.record import Outcome, Run
 from toolkit.upstream_unified import CASE, compare_runs, upstream_rule
 from toolkit.workload import load
@@ -69,7 +69,7 @@ def sim(patched, pool=WL.server.ctx):
 
 def side_by_side(base: Run, cand: Run):
     control = sim(False, pool=1024)
-    verdicts = (compare.judge(WL, "base", base, 0), compare.judge(WL, "candidate", cand, 0, control, base=base))
+    verdicts = (verify.judge(WL, "base", base, 0), verify.judge(WL, "candidate", cand, 0, control, base=base))
     return compare_runs(WL, (base,), (cand,), verdicts)
 
 

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from toolkit import compare, measure, patch
+from toolkit import compare, measure, patch, verify
 from toolkit.errors import PatchError, UsageError
 from toolkit.record import Outcome, Run, Trace
 from toolkit.workload import load
@@ -35,7 +35,7 @@ def test_victim_decoded_fails_at_off_3_by_arithmetic():
     ev, = measure.overflows(r, WD)
     assert (ev.off, ev.expected, ev.at(0).position) == (3, (0,), 0)
     assert measure.decoded_first(ev)[0] and measure.shape(r, WD) is None
-    v = compare.judge(WD, "candidate", r, control=control(WD))
+    v = verify.judge(WD, "candidate", r, control=control(WD))
     assert v.ok, failed(v)
     # victim-first's prompts (sum 280) fail at off 0: that shape is not this workload's, made again
     r0 = simulate([100, 80, 60, 40], 240, 1024)
@@ -51,11 +51,11 @@ def test_cells_not_prompt_separates_prompt_length_from_cells():
     assert ev.expected == (0,)
     ok, why = measure.prompt_not_largest(ev)
     assert ok, why
-    assert compare.judge(WC, "candidate", r, control=control(WC)).ok
+    assert verify.judge(WC, "candidate", r, control=control(WC)).ok
     # a patch choosing by prompt length terminates slot 3 (prompt 70): caught, for that reason
     prompts = [40, 30, 60, 70]
     bad = run(WC, launch=LATE, key=lambda j: prompts[j])
-    f = failed(compare.judge(WC, "candidate", bad, control=control(WC)))
+    f = failed(verify.judge(WC, "candidate", bad, control=control(WC)))
     assert "terminated [3], measured largest: [0]" in f["victim-is-largest"]
 
 
@@ -68,11 +68,11 @@ def test_newest_is_the_task_the_server_created_last_even_when_released_together(
     r = run(WL, policy="newest")
     ev, = measure.overflows(r, WL, "newest")
     assert ev.expected == (3,) and ev.margin > ev.uncertainty
-    v = compare.judge(WL, "candidate", r, control=control(WL), policy="newest")
+    v = verify.judge(WL, "candidate", r, control=control(WL), policy="newest")
     assert v.ok, failed(v)
-    wrong = compare.judge(WL, "candidate", run(WL), control=control(WL), policy="newest")  # largest = 3 too
+    wrong = verify.judge(WL, "candidate", run(WL), control=control(WL), policy="newest")  # largest = 3 too
     assert wrong.ok   # overflow-4's largest is also its newest: the policies agree there
-    f = failed(compare.judge(load("victim-first"), "candidate", run(load("victim-first")),
+    f = failed(verify.judge(load("victim-first"), "candidate", run(load("victim-first")),
                              control=control(load("victim-first")), policy="newest"))
     assert "terminated [0], measured newest: [3]" in f["victim-is-newest"]
 
@@ -81,7 +81,7 @@ def test_shapes_designed_for_largest_are_not_demanded_of_other_policies():
     wf = load("victim-first")
     r = run(wf, policy="smallest")
     assert measure.shape(r, wf, "smallest") is None
-    v = compare.judge(wf, "candidate", r, control=control(wf), policy="smallest")
+    v = verify.judge(wf, "candidate", r, control=control(wf), policy="smallest")
     assert v.ok, failed(v)
     assert any(c.name == "designed-shape" and c.status == "skip" for c in v.checks)
 
@@ -89,17 +89,17 @@ def test_shapes_designed_for_largest_are_not_demanded_of_other_policies():
 def test_an_earlier_start_is_judged_not_dropped():
     good = run(WL)
     lying = run(WL, lie=True)
-    v = compare.judge(WL, "candidate", replace(good, earlier=(replace(lying, attempts=1, log="start1.log"),)),
+    v = verify.judge(WL, "candidate", replace(good, earlier=(replace(lying, attempts=1, log="start1.log"),)),
                       control=control(WL))
     f = failed(v)
     assert "earlier-starts" in f and "start 1 (start1.log): victim-is-largest" in f["earlier-starts"]
-    ok = compare.judge(WL, "candidate", replace(good, earlier=(replace(good, attempts=1),)), control=control(WL))
+    ok = verify.judge(WL, "candidate", replace(good, earlier=(replace(good, attempts=1),)), control=control(WL))
     assert ok.ok and any(c.name == "earlier-starts" and c.status == "pass" for c in ok.checks)
 
 
 def test_an_earlier_start_without_overflow_must_complete_everything():
     complete = control(WL)
-    v = compare.judge(WL, "candidate", replace(run(WL), earlier=(replace(complete, attempts=1),)), control=control(WL))
+    v = verify.judge(WL, "candidate", replace(run(WL), earlier=(replace(complete, attempts=1),)), control=control(WL))
     assert v.ok
 
 
@@ -214,5 +214,5 @@ def test_two_slots_in_their_prompt_are_not_told_apart():
                  server=replace(WP.server, parallel=5))
     ev, = measure.overflows(replace(r, outcomes=outs, trace=tuple(tr)), wl)
     assert ev.leaked == 684 and not ev.full
-    assert "taken by no slot in play" in failed(compare.judge(wl, "candidate", replace(r, outcomes=outs, trace=tuple(tr))))[
+    assert "taken by no slot in play" in failed(verify.judge(wl, "candidate", replace(r, outcomes=outs, trace=tuple(tr))))[
         "one-victim-per-overflow"]

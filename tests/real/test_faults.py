@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import apply, build, compare, model, patch, runner, server, workload
+from toolkit import apply, build, compare, model, patch, runner, server, verify, workload
 from toolkit.errors import PatchError, ServerError
 
 from .conftest import clone, commit_on, snapshot
@@ -185,7 +185,7 @@ def test_server_killed_mid_workload(c2_base, tmp_path):
     r = box["r"]
     assert {o.outcome for o in r.outcomes} == {"crashed"}
     assert not r.alive_after
-    failed = {c.name for c in compare.judge(LONG, "candidate", r).checks if c.status == "fail"}
+    failed = {c.name for c in verify.judge(LONG, "candidate", r).checks if c.status == "fail"}
     assert {"no-crash", "serves-after", "all-completed"} <= failed
 
 

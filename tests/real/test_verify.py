@@ -175,7 +175,7 @@ def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
     for name in ["overflow-4", "victim-first", "overflow-8", "fits"]:
         wl = workload.load(name)
         r = runner.run(built.binary, model.ensure().path, wl, tmp_path / f"{name}.log")
-        v = compare.judge(wl, "candidate", r)
+        v = verify.judge(wl, "candidate", r)
         assert not r.sanitizer, r.sanitizer
         assert all(c.status != "fail" for c in v.checks), [(c.name, c.detail) for c in v.checks if not c.ok]
         # the check had something to testify with: the runtimes, measured from the binary
@@ -200,7 +200,7 @@ def test_checks_without_evidence_skip_or_fail_never_pass(c2, c2_base, c2_patched
     repo = git.Repo(c2.path)
     r = runner.run(c2_patched.binary, model.ensure().path, workload.load("overflow-4"), tmp_path / "plain.log")
     assert r.sanitized == ()
-    v = compare.judge(workload.load("overflow-4"), "candidate", r, witness=True)
+    v = verify.judge(workload.load("overflow-4"), "candidate", r, witness=True)
     checks = {c.name: c for c in v.checks}
     assert checks["no-sanitizer-findings"].status == "skip", checks["no-sanitizer-findings"]
     assert "carries no sanitizer runtime" in checks["no-sanitizer-findings"].detail

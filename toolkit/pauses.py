@@ -1,0 +1,117 @@
+"""Preemption, measured: every pause of a request while others went on (park or recompute), read
+from upstream's verbose log (each generating slot's batch entry per step) and timed by the client.
+Pure functions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .record import Outcome, Run
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A request that stopped decoding while others went on, and came back (or never did): read
+    from upstream's verbose log (each generating slot's batch entry per step), timed by the client."""
+    slot: int
+    at_token: int        # index of the first token streamed after the pause (tokens before it: at_token)
+    cells: int           # the cells it held when it came back (recomputed ones, for a recompute)
+    steps: int           # server steps it missed (steps where another slot had an entry)
+    idle_steps: int      # steps in the pause where no slot had an entry: a wait nothing excuses
+    seconds: float | None  # the client's gap between the tokens around it (None: not streamed)
+    resumed: bool = True
+    cells_before: int = -1  # the cells it held in its last entry before the pause (its entry taken out undecoded)
+    step: int = -1          # the server step it was parked in (its last entry's)
+
+
+@lru_cache(maxsize=64)  # compare, unfreed_parks, the report and the referee all ask, per run
+def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
+    """Every pause of every workload request (slot -> pauses, in order). A slot whose entries stop
+    before its request ended and never come back has one last pause with resumed=False."""
+    first: dict[int, int] = {}
+    seen: dict[int, list[list[int]]] = {}  # slot -> [step index, cells, sampled] of each entry
+    busy: list[bool] = []                  # per step: did any slot have an entry
+    step = -1
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            step += 1
+            busy.append(False)
+        elif t.kind == "entry" and first.get(t.slot) == t.task and step >= 0:
+            busy[step] = True
+            seen.setdefault(t.slot, []).append([step, t.value, 0])
+        elif t.kind == "token" and first.get(t.slot) == t.task and seen.get(t.slot):
+            seen[t.slot][-1][2] = 1  # a sample followed: the entry was decoded (one cell more)
+    outs = {o.slot: o for o in run.outcomes}
+    out: dict[int, tuple[Pause, ...]] = {}
+    for slot, entries in seen.items():
+        o = outs.get(slot)
+        if o is None:
+            continue
+        ps = []
+        for (i, cells_i, sampled), (j, cells, _) in zip(entries, entries[1:]):
+            missed = sum(busy[i + 1:j])
+            if missed == 0:
+                continue
+            # what it held when it paused: its last entry's cells, plus that entry if it was decoded
+            # (parked at an offset past it); an entry taken out undecoded is made again on resume
+            before = cells_i + sampled
+            k = before - o.prompt_tokens + 1  # tokens streamed before the pause
+            gap = o.token_t[k] - o.token_t[k - 1] if 0 < k < len(o.token_t) else None
+            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before, step=i))
+        last_step, last_cells, _ = entries[-1]
+        if o.outcome == "timeout":  # it stopped and nothing ended it (an error or a rejection would have)
+            tail = busy[last_step + 1:]
+            ps.append(Pause(slot, last_cells - o.prompt_tokens + 1, last_cells, sum(tail),
+                            len(tail) - sum(tail), None, resumed=False, cells_before=last_cells, step=last_step))
+        if ps:
+            out[slot] = tuple(ps)
+    return out
+
+
+def unfreed_parks(run: Run) -> list[str]:
+    """A park must give the pool its victim's cells: after it the server retries the same offset
+    with the entries left, and a second exhaustion there is explained only when those entries
+    outnumber the cells freed. Read from upstream's log: per step, its entries in batch order and
+    its retries ("retrying with smaller batch size, off = X, n_batch = 1" precedes each exhaustion
+    at n_batch 1), and the pauses that began in that step (their cells, measured)."""
+    ps = [p for v in pauses(run).values() for p in v]
+    first: dict[int, int] = {}
+    steps: list[tuple[list[int], list[tuple[int, int]]]] = []  # per step: entries' slots, retries (off, n_batch)
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            steps.append(([], []))
+        elif steps and t.kind == "entry" and first.get(t.slot) == t.task:
+            steps[-1][0].append(t.slot)
+        elif steps and t.kind == "retry":
+            steps[-1][1].append((t.value, t.token))
+    problems = []
+    for k, (entries, retries) in enumerate(steps):
+        parked = [p for p in ps if p.step == k]
+        if not parked:
+            continue
+        for off in dict.fromkeys(o for o, n in retries if n == 1):
+            exhausted = sum(1 for o, n in retries if o == off and n == 1)
+            gone = [p for p in parked if p.slot in entries and entries.index(p.slot) >= off]
+            if exhausted < 2 or not gone:
+                continue
+            victim = max(gone, key=lambda p: p.cells_before)
+            left = sum(1 for i, s in enumerate(entries) if i >= off and s != victim.slot)
+            if victim.cells_before >= left:
+                problems.append(f"slot {victim.slot} was parked holding {victim.cells_before} cells, yet the retry at "
+                                f"off {off} with {left} entries left ran out again: its cells did not come back")
+    return problems
+
+
+def word(o: Outcome, ps: tuple[Pause, ...] = ()) -> str:
+    """The outcome in one word: the record's, or "resumed" for a request that completed after a pause."""
+    return "resumed" if o.outcome == "completed" and any(p.resumed for p in ps) else o.outcome
+
+
+def parks(run: Run) -> bool:
+    """Measured: did a request pause while others went on (the candidate preempts)?"""
+    return any(pauses(run).values())

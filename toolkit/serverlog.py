@@ -1,0 +1,116 @@
+"""What upstream's verbose log says of a run (record.Trace: launches, batch entries, samples, errors,
+retries), read against the client's own records. Pure functions.
+
+A log is evidence only when it describes this run: `trace_problems` holds each slot's logged tokens
+to its stream. `sampling_problems` holds each slot's decodes to its samples; `steps` gives every
+decode step's entries; `late_entries` finds a terminated request's task still decoding.
+"""
+from __future__ import annotations
+
+from .record import Run
+
+EXCEEDED = "Context size has been exceeded."
+
+
+def trace_problems(run: Run) -> list[str]:
+    """Does upstream's log describe this run? Each slot's logged tokens must be the ones its client
+    received, in order (a log of another run, or a garbled one, cannot pass as evidence)."""
+    slot_of = {t.task: t.slot for t in run.trace if t.kind == "launch"}
+    tasks = {}
+    for t in run.trace:
+        if t.kind == "launch" and t.slot not in tasks:
+            tasks[t.slot] = t.task
+    logged: dict[int, list[int]] = {}
+    for t in run.trace:
+        if t.kind == "token" and slot_of.get(t.task) == t.slot and tasks.get(t.slot) == t.task:
+            logged.setdefault(t.slot, []).append(t.token)
+    problems = []
+    for o in run.outcomes:
+        if not o.tokens and o.slot not in logged:
+            continue
+        got = logged.get(o.slot, [])
+        if tuple(got[:len(o.tokens)]) != o.tokens:
+            problems.append(f"slot {o.slot}: the log's tokens are not the stream's")
+    return problems
+
+
+def sampling_problems(run: Run) -> tuple[list[str], list[int]]:
+    """Upstream's log, slot by slot: the tokens a slot decodes ("slot decode token, id=...") must be
+    exactly the tokens it sampled, in order, one entry per sample. A batch index left stale after
+    entries moved breaks this where the token streams may not show it: the slot whose row moved is
+    not sampled in that step and decodes its last token twice, while another slot samples its
+    row (measured with `no-remap` on victim-middle failing at off 1: integrity passed because the
+    tiny model's streams had fallen into the same short cycle; this check failed).
+    Returns (problems, slots it cannot judge: fewer entries than samples, as speculative decoding
+    accepts several drafted tokens per entry)."""
+    first: dict[int, int] = {}
+    entries: dict[int, list[int]] = {}
+    samples: dict[int, list[int]] = {}
+    cells: dict[int, int] = {}
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind in ("entry", "token") and first.get(t.slot) == t.task:
+            if t.kind == "entry":
+                e = entries.setdefault(t.slot, [])
+                if e and e[-1] == t.token and cells.get(t.slot) == t.value:
+                    e.pop()  # the same token at the same cell count: the entry before was taken out of its
+                             # batch undecoded (a preemption parked the slot) and is made again
+                cells[t.slot] = t.value
+                e.append(t.token)
+            else:
+                samples.setdefault(t.slot, []).append(t.token)
+    problems, unjudged = [], []
+    for slot in sorted(set(entries) | set(samples)):
+        e, k = entries.get(slot, []), samples.get(slot, [])
+        if len(e) < len(k) - 1:
+            unjudged.append(slot)
+            continue
+        i = next((i for i, (a, b) in enumerate(zip(e, k)) if a != b), None)
+        if i is not None:
+            problems.append(f"slot {slot}: decode #{i} entered token {e[i]}, but its sample #{i} was {k[i]}"
+                            + (" (the previous token again: a step without a sample)" if i and e[i] == e[i - 1] else ""))
+        elif len(e) > len(k):
+            problems.append(f"slot {slot}: {len(e)} tokens decoded for {len(k)} sampled")
+    return problems, unjudged
+
+
+def steps(run: Run) -> list[dict[int, int]]:
+    """From upstream's verbose log: for every decode step, each generating slot's cells when the
+    step began (its batch entry's "n_tokens"), in batch order. Empty without a verbose log."""
+    out: list[dict[int, int]] = []
+    cur: dict[int, int] | None = None
+    first: dict[int, int] = {}  # each slot's workload task (a later probe request is not the workload's)
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            cur = None
+        elif t.kind == "entry" and first.get(t.slot) == t.task:
+            if cur is None:
+                cur = {}
+                out.append(cur)
+            cur[t.slot] = t.value
+    return out
+
+
+
+
+def late_entries(run: Run) -> list[str]:
+    """A terminated request's task decodes nothing more: every batch entry of that task after the
+    server sent it the context error, per slot (empty: none, or no verbose log)."""
+    slots = {o.slot for o in run.outcomes}
+    first: dict[int, int] = {}
+    for t in run.trace:
+        if t.kind == "launch" and t.slot in slots:
+            first.setdefault(t.slot, t.task)
+    tasks = set(first.values())
+    problems = []
+    for k, t in enumerate(run.trace):
+        if t.kind == "error" and t.text == EXCEEDED and t.task in tasks:
+            after = sum(1 for x in run.trace[k + 1:] if x.kind == "entry" and x.task == t.task)
+            if after:
+                slot = next(s for s, task in first.items() if task == t.task)
+                problems.append(f"slot {slot} (task {t.task}) had {after} batch entr{'y' if after == 1 else 'ies'} "
+                                "after it was sent the error: it went on generating for nobody")
+    return problems
