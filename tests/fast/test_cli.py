@@ -83,3 +83,20 @@ def test_the_group_options_version_and_verbose():
     assert res.exit_code == 0 and version("patchkit") in res.output
     res = CliRunner().invoke(cli, ["-v", "exit-codes"])
     assert res.exit_code == 0 and "130" in res.output
+
+
+@pytest.mark.parametrize("cmd", [["verify"], ["repro", "--out", "x.sh"]])
+def test_the_candidate_options_are_one_definition(cmd):
+    """verify and repro take a candidate through the same decorator (cli_options.candidate_options):
+    the same flags, under the library's names, refused the same way when two are given."""
+    from click.testing import CliRunner
+
+    from toolkit import cli_options
+    from toolkit.cli import cli
+
+    command = cli.get_command(None, cmd[0])
+    names = {p.name for p in command.params}
+    assert {"candidate_ref", "patch_name", "patch_file", "commit"} <= names
+    r = CliRunner().invoke(cli, [*cmd, "--repo", ".", "--candidate", "a", "--commit", "b"], standalone_mode=False)
+    assert isinstance(r.exception, cli_options.UsageError)
+    assert str(r.exception) == "give at most one of --candidate, --patch, --patch-file, --commit."

@@ -1,0 +1,326 @@
+"""The commands that prove a change beyond one verify: the mutation campaign, the referee of every
+strategy (and a fork's branches), the series exported for upstream, the reviewer's repro script,
+and llama.cpp's own server tests as a second opinion. Thin: parse, call the library, print.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import model as model_mod
+from . import source, workload
+from .cli import cli
+from .cli_options import (candidate_options, default_base, emit_json, model_option, open_repo,
+                          repo_option)
+from .errors import UsageError
+from .ui import UI, help_list
+
+
+@cli.command("mutants")
+@repo_option()
+@click.option("--base", "base_ref", default=None, help="The unpatched base (default: HEAD; the baseline tag on the "
+              "fetched tree).")
+@click.option("--patch", "patch_name", default="evict-largest-slot", show_default=True,
+              help="Whose catalog: the eviction patch's mutants, or a preemption patch's broken variants "
+              "(park-slot, recompute-slot), each judged by that patch's own expectations.")
+@click.option("--mutant", "names", multiple=True, help="A mutant of the catalog; repeatable (default: all).")
+@click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
+              "the default suite plus the campaign's separating workloads).")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per workload.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where mutants.json and the server logs go (default: ./patchkit-mutants).")
+@click.option("--list", "list_only", is_flag=True, help="Print the catalog and exit.")
+@click.option("--operators", "operators", is_flag=True, help="Mutants nobody designed: classic mutation operators "
+              "(relational, arithmetic, logical, constants, negated conditions, deleted statements) on every line "
+              "the patch adds, all compiled into ONE schema binary and selected at run time; each judged by the "
+              "suite, stopping at its first failed check.")
+@click.option("--sample", "sample_n", default=None, type=click.IntRange(1, 100000), help="With --operators: a "
+              "seeded random sample of this many mutants.")
+@click.option("--seed", default=0, show_default=True, help="With --sample: the sample's seed.")
+@click.option("--shard", "shard", default="1/1", show_default=True, help="With --operators: K/N, this job's share "
+              "(every N-th mutant from the K-th) of a campaign split over a CI matrix.")
+@click.option("--json", "as_json", is_flag=True)
+def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir, list_only, operators, sample_n,
+                seed, shard, as_json) -> None:
+    """Run the mutation campaign: how many wrong patches does the verdict kill?
+
+    Each mutant is the rendered eviction patch with one edit (a wrong victim
+    quantity, the batch surgery skipped or off by one, two victims, the victim's cells kept,
+    a guard inverted...; patches/evict-largest-slot/patch.toml). Each is built on the base
+    (one TU on the shared build) and judged as a candidate: static checks, the C++ property
+    harness, the workload suite. Prints mutant -> killed (by which check, where, why) or
+    ALIVE, and the mutation score. Exit 0 when every mutant not claimed equivalent is
+    killed, 1 otherwise.
+
+    \b
+    Examples:
+      patchkit mutants --list
+      patchkit mutants                                   # default tree, whole catalog
+      patchkit mutants --repo T --mutant victim-by-prompt --mutant entries-kept --json
+      patchkit mutants --patch park-slot --repeat 3       # the preemption patch's broken variants
+    """
+    from dataclasses import asdict
+
+    from . import mutate
+    from . import verify as pipeline
+
+    from . import patch as patch_mod
+
+    patch_mod.load_patch(patch_name)  # an unknown name is refused with the known ones
+    cat = mutate.catalog(patch_name)
+    if list_only:
+        for n, m in cat.items():
+            click.echo(f"{n:22} {m.get('class', ''):18} killer {m.get('killer', '-'):24} {m.get('what', '')}")
+        return
+    ui = UI(quiet=as_json)
+    r = open_repo(repo, ui)
+    base_ref = default_base(base_ref, repo)
+    base = source.resolve(r, base_ref)
+    default = mutate.PREEMPTION_WORKLOADS if patch_mod.load_patch(patch_name).expect == "preemption" \
+        else pipeline.SUITE
+    wls = [workload.load(w) for w in (workloads or default)]
+    out_dir = (report_dir or Path("patchkit-mutants")).resolve()
+    if operators:
+        try:
+            k, n = (int(x) for x in shard.split("/"))
+            assert 1 <= k <= n
+        except (ValueError, AssertionError):
+            raise UsageError(f"--shard takes K/N with 1 <= K <= N (e.g. 2/4), not '{shard}'.")
+        camp = mutate.operator_campaign(r, base, wls, sample_n=sample_n, seed=seed, shard=(k, n),
+                                        out_dir=out_dir / "logs", say=ui.say, progress=ui.progress,
+                                        patch_name=patch_name)
+        doc = {"base": base, "schema_commit": camp.schema_commit, "generated": camp.generated,
+               "duplicates": camp.duplicates, "stillborn": list(camp.stillborn), "killed": camp.killed,
+               "alive": len(camp.alive), "schema_build_s": round(camp.schema_build_s, 1),
+               "seconds": round(camp.seconds, 1), "mutants": [asdict(x) for x in camp.results]}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "operators.json").write_text(json.dumps(doc, indent=2))
+        emit_json(doc) if as_json else click.echo(mutate.operator_table(camp))
+        sys.exit(0 if not camp.alive else 1)
+    res = mutate.campaign(r, base, list(names or cat), wls, repeat=repeat, out_dir=out_dir / "logs", say=ui.say,
+                          progress=ui.progress, patch_name=patch_name)
+    killed, judged = mutate.score(res)
+    doc = {"base": base, "score": {"killed": killed, "judged": judged}, "mutants": [asdict(x) for x in res]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "mutants.json").write_text(json.dumps(doc, indent=2))
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(mutate.table(res))
+    sys.exit(0 if killed == judged else 1)
+
+
+@cli.command("referee")
+@repo_option()
+@click.option("--base", "base_ref", default=None, help="The unpatched base (default: HEAD; the baseline tag on the "
+              "fetched tree).")
+@click.option("--strategy", "strategies", multiple=True, help="STRATEGY[:POLICY], repeatable: base, terminate, park "
+              "(swap to host memory), recompute; policies largest, smallest, newest, not-leader-smallest. Default: "
+              "base, terminate:largest, park:largest|smallest|not-leader-smallest, recompute:largest|smallest.")
+@click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
+              "overflow-4, staggered, overflow-8, staggered-8: 4 and 8 chats, together and staggered).")
+@model_option("Serve this model for every workload (e.g. smollm2).")
+@click.option("--candidate", "cand_refs", multiple=True, metavar="REF", help="Also a row for this ref of --repo "
+              "(a fork's PR branch), repeatable: judged by what it measurably does (it parks -> the preemption "
+              "expectations, it evicts -> the eviction ones, else no regression).")
+@click.option("--candidate-env", "cand_envs", multiple=True, metavar="REF=NAME=VALUE", help="An environment "
+              "variable for that candidate's servers (a knob the PR reads), repeatable.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-referee"),
+              show_default=True, help="Where report.json/md/html (table and chart) and the server logs go.")
+@click.option("--json", "as_json", is_flag=True)
+def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, cand_envs, report_dir, as_json) -> None:
+    """Referee every answer to a full KV cache on the same workloads: terminate, park, recompute.
+
+    Each strategy is one patch family (patches/) with a victim policy, rendered on the base
+    (one TU on the shared build) and run on the same workloads and model; the unpatched base
+    and each workload's no-overflow control are run once and shared. Per strategy and workload:
+    completed / total, collateral failures, makespan, aggregate tok/s, slowest request, parks,
+    recomputed cells, longest pause, most parks for one request, exactness against the control,
+    and the strategy's own verdict (its expectations: eviction or preemption). Exit 0 when every
+    patched strategy passes its own expectations, 1 otherwise.
+
+    \b
+    Examples:
+      patchkit referee
+      patchkit referee --strategy park:largest --strategy recompute:largest --workload overflow-4
+      patchkit referee --model smollm2 --json
+    """
+    from . import referee as ref_mod
+
+    ui = UI(quiet=as_json)
+    r = open_repo(repo, ui)
+    base_ref = default_base(base_ref, repo)
+    base = source.resolve(r, base_ref)
+    entries = ref_mod.parse(tuple(strategies) or ref_mod.DEFAULT)
+    envs: dict[str, dict[str, str]] = {ref: {} for ref in cand_refs}
+    for item in cand_envs:
+        ref, _, kv = item.partition("=")
+        name, eq, value = kv.partition("=")
+        if ref not in envs or not name or not eq:
+            raise UsageError(f"--candidate-env takes REF=NAME=VALUE for a ref given with --candidate, not '{item}'.")
+        envs[ref][name] = value
+    wls = [workload.load(w) for w in (workloads or ref_mod.DEFAULT_WORKLOADS)]
+    out_dir = report_dir.resolve()
+    table = ref_mod.referee(r, base, entries, wls, model_name=model_name, out_dir=out_dir / "logs", say=ui.say,
+                            progress=ui.progress, candidates=tuple(envs.items()))
+    paths = ref_mod.write(table, out_dir)
+    if as_json:
+        emit_json(ref_mod.to_json(table))
+    else:
+        click.echo(ref_mod.markdown(table))
+        click.echo("reports: " + " ".join(str(p) for p in paths.values()))
+    sys.exit(0 if all(row.verdict != "FAIL" for row in table.rows) else 1)
+
+
+@cli.command("export")
+@repo_option()
+@click.option("--base", "base_ref", default=None, help="The commit the series goes on (default: the commit under "
+              "the candidate's patchkit series).")
+@click.option("--candidate", "candidate_ref", default=None, help="The series' tip (default: HEAD when it carries a "
+              "patchkit series; else the patch applied to the base as commit objects).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-export"),
+              show_default=True, help="Where the .patch files and PR.md go.")
+@click.option("--patch", "patch_name", default=None, help="The family of the series (default: the one its commits "
+              "name, else evict-largest-slot); with no series to export, the family rendered on the base.")
+@click.option("--mutants", "mutants_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="A `patchkit mutants` campaign's mutants.json on the same base: its score goes in.")
+@click.option("--sanitize", is_flag=True, help="Also run overflow workloads with ASan+UBSan on the TUs the series "
+              "changes and the KV cache (the rest from the plain build: a few minutes cold).")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 10))
+@click.option("--json", "as_json", is_flag=True)
+def export_cmd(repo, base_ref, candidate_ref, out_dir, patch_name, mutants_json, sanitize, repeat, as_json) -> None:
+    """Export the series for upstream: format-patch files + a PR description of measured numbers.
+
+    The description (PR.md) holds the commit message and figures measured in this very run:
+    the before/after table of the default suite and of the model-family workloads, the
+    property harness's batch count, the mutation score (--mutants) and the sanitizer result
+    (--sanitize), each with the command that reproduces it. Exit 0 when every figure passed.
+
+    \b
+    Examples:
+      patchkit export --repo ~/llama.cpp --out pr/            # HEAD = the patch branch
+      patchkit mutants --repo T --report-dir m/ && patchkit export --repo T --mutants m/mutants.json
+    """
+    from . import export as export_mod
+    from . import verify as pipeline
+    from .apply import series_base
+
+    ui = UI(quiet=as_json)
+    r = open_repo(repo, ui)
+    head = source.resolve(r, None)
+    cand = source.resolve(r, candidate_ref) if candidate_ref else None
+    if cand is None and series_base(r, head):
+        cand = head
+    base = source.resolve(r, base_ref) if base_ref else (series_base(r, cand, within=pipeline.SERIES_DEPTH)
+                                                         if cand else head)
+    if base is None:
+        raise UsageError(f"{candidate_ref} carries no patchkit series: name the commit it goes on with --base.")
+    if cand is None:
+        from . import apply as apply_mod
+        cand, _ = apply_mod.candidate_commit(r, base, patch_name or apply_mod.patch.DEFAULT_PATCH, progress=ui.say)
+    pipeline.refuse_vacuous(r, base, "--base" if base_ref else "the series' base", cand, candidate_ref or "the series")
+    res = export_mod.export(r, base, cand, out_dir.resolve(), repo_arg=repo or str(r.working_tree_dir),
+                            mutants_json=mutants_json, sanitize=sanitize, repeat=repeat, say=ui.say,
+                            progress=ui.progress, patch_name=patch_name)
+    if as_json:
+        emit_json({"ok": res.ok, "patches": [str(p) for p in res.patches], "description": str(res.description)})
+    else:
+        for p in res.patches:
+            click.echo(str(p))
+        click.echo(str(res.description))
+        click.echo("PASS" if res.ok else "FAIL")
+    sys.exit(0 if res.ok else 1)
+
+
+@cli.command("repro")
+@repo_option()
+@click.option("--base", "base_ref", default=None, help="Base ref (default HEAD; the baseline on the fetched tree).")
+@candidate_options(candidate_help="Candidate ref: its diff is embedded in the script.",
+                   patch_help="Candidate: a patch from patches/ (the default).")
+@click.option("--workload", "workloads", multiple=True, help="Default: overflow-4 and victim-first.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
+@click.option("--patchkit-spec", default=None,
+              help="What the script pip-installs (a path, a git URL); default: this patchkit's source tree.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def repro_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, workloads, repeat, patchkit_spec, out):
+    """Write a self-contained bash script that reproduces the before/after table on a fresh machine.
+
+    Example: patchkit repro --repo ~/llama.cpp --candidate my-fix --out repro.sh && bash repro.sh
+    """
+    from . import repro
+
+    ui = UI()
+    r = open_repo(repo, ui)
+    text = repro.render(r, base_ref=default_base(base_ref, repo), candidate_ref=candidate_ref, patch_name=patch_name,
+                        patch_file=patch_file, commit=commit, workloads=list(workloads) or ["overflow-4", "victim-first"],
+                        repeat=repeat, patchkit_spec=patchkit_spec or repro.default_spec())
+    out.write_text(text)
+    out.chmod(0o755)
+    click.echo(str(out))
+
+
+@cli.command("upstream-tests")
+@repo_option()
+@click.option("--base", "base_ref", default=None, help="Base ref (default: the commit a patchkit series was applied on "
+              "when the candidate carries one, else HEAD; the baseline tag on the fetched tree).")
+@click.option("--candidate", "candidate_ref", default=None, help="Candidate ref (default: the eviction patch applied to the "
+              "base, in a private work tree).")
+@click.option("--tests", "tests", multiple=True, help="Test files or node ids under tools/server/tests "
+              "(test_tokenize, unit/test_basic.py::test_server_props) or a named subset; repeatable. Default: the "
+              "whole suite." + help_list(["ci"], "Subsets:"))
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20),
+              help="Runs per side. A test that passes in every base run and fails in any candidate run is an "
+              "intermittent regression (blamed, the runs named); one that flips between base runs is flaky.")
+@click.option("--text-model", "text_model", default="tiny", show_default=True,
+              type=click.Choice(["tiny", *model_mod.REAL]), help="What serves the text presets (tinyllama2, "
+              "stories15m_moe): the tiny GGUF (with its draft twin for speculative), or a real model from PyPI.")
+@click.option("--timeout", default=120, show_default=True, type=click.IntRange(5, 3600),
+              help="Seconds per test phase (setup, call, teardown) before the test fails.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where upstream.json, the junit files and pytest logs go (default: ./patchkit-upstream).")
+@click.option("--json", "as_json", is_flag=True, help="Print upstream.json to stdout, no progress.")
+def upstream_tests_cmd(repo, base_ref, candidate_ref, tests, repeat, text_model, timeout, report_dir, as_json) -> None:
+    """Run llama.cpp's own server tests (tools/server/tests, the candidate's, unedited) against the
+    base and the candidate binaries, offline, and compare the pass sets.
+
+    Presets are served by local models (tiny GGUF, its draft twin, SmolLM2); tests whose preset has
+    no local stand-in (embedding, rerank, vision, infill), that ask for a Hugging Face model
+    themselves, or are marked slow are listed as not run, with the reason. The suite's requirements
+    go in a venv cached by the requirements file's hash.
+
+    Exit 0 when no test that passes on the base fails on the candidate, 1 when one does (named,
+    with its failure message).
+
+    \b
+    Examples:
+      patchkit upstream-tests --tests ci                       # default tree, base vs eviction patch
+      patchkit upstream-tests --repo ~/llama.cpp --base main --candidate my-fix --repeat 2
+      patchkit upstream-tests --repo R --tests test_tokenize --tests unit/test_basic.py::test_server_props
+    """
+    from . import upstream
+    from . import verify as pipeline
+
+    ui = UI(quiet=as_json)
+    r = open_repo(repo, ui)
+    base_ref = default_base(base_ref, repo)
+    base, why = pipeline.choose_base(r, base_ref, candidate_ref)
+    ui.say(f"base {base[:12]}: {why}")
+    with ui.step("prepare candidate"):
+        cand, label, _layout, _src = pipeline.resolve_candidate(r, base, candidate_ref=candidate_ref, progress=ui.say)
+    pipeline.refuse_vacuous(r, base, why, cand, label)
+    ui.say(f"candidate {cand[:12]}: {label}")
+    out_dir = (report_dir or Path("patchkit-upstream")).resolve()
+    with ui.step("server tests, base and candidate"):
+        res = upstream.run(r, base, cand, candidate_label=label, tests=tests, repeat=repeat, out_dir=out_dir,
+                           text_model=text_model, timeout=timeout, say=ui.say, progress=ui.progress)
+    path = upstream.write(res, out_dir)
+    if as_json:
+        emit_json(upstream.to_json(res))
+    else:
+        click.echo(upstream.text_summary(res))
+        click.echo(f"report: {path}")
+        click.echo("PASS" if res.ok else "FAIL")
+    sys.exit(0 if res.ok else 1)
