@@ -5,6 +5,7 @@ and llama.cpp's own server tests as a second opinion. Thin: parse, call the libr
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -128,10 +129,18 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
               "expectations, it evicts -> the eviction ones, else no regression).")
 @click.option("--candidate-env", "cand_envs", multiple=True, metavar="REF=NAME=VALUE", help="An environment "
               "variable for that candidate's servers (a knob the PR reads), repeatable.")
+@click.option("--candidate-args", "cand_args", multiple=True, metavar="REF=ARGS", help="Server flags for that "
+              "candidate's servers, shell-quoted (e.g. fork/pr-186='--preempt-ram 0'), repeatable.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per strategy and "
+              "workload: the table gives each figure's median and range, and names a faster strategy only where "
+              "every run of it beat every run of the other (a rank test; 3 runs each at least).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the table as a pull-request comment here, with the command that reproduces it.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-referee"),
               show_default=True, help="Where report.json/md/html (table and chart) and the server logs go.")
 @click.option("--json", "as_json", is_flag=True)
-def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, cand_envs, report_dir, as_json) -> None:
+def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, cand_envs, cand_args, repeat,
+                markdown_path, report_dir, as_json) -> None:
     """Referee every answer to a full KV cache on the same workloads: terminate, park, recompute.
 
     Each strategy is one patch family (patches/) with a victim policy, rendered on the base
@@ -162,11 +171,23 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, ca
         if ref not in envs or not name or not eq:
             raise UsageError(f"--candidate-env takes REF=NAME=VALUE for a ref given with --candidate, not '{item}'.")
         envs[ref][name] = value
+    flags: dict[str, tuple[str, ...]] = {ref: () for ref in cand_refs}
+    for item in cand_args:
+        ref, eq, text = item.partition("=")
+        if ref not in flags or not eq:
+            raise UsageError(f"--candidate-args takes REF=ARGS for a ref given with --candidate, not '{item}'.")
+        flags[ref] += tuple(shlex.split(text))
     wls = [workload.load(w) for w in (workloads or ref_mod.DEFAULT_WORKLOADS)]
     out_dir = report_dir.resolve()
+    command = "patchkit referee " + shlex.join(
+        ["--repo", repo or "<the fetched tree>", "--base", base, *(a for e in entries for a in ("--strategy", e.label)),
+         *(a for w in wls for a in ("--workload", w.name)), *(("--model", model_name) if model_name else ()),
+         *(a for ref in cand_refs for a in ("--candidate", ref)), *(a for x in cand_envs for a in ("--candidate-env", x)),
+         *(a for x in cand_args for a in ("--candidate-args", x)), "--repeat", str(repeat)])
     table = ref_mod.referee(r, base, entries, wls, model_name=model_name, out_dir=out_dir / "logs", say=ui.say,
-                            progress=ui.progress, candidates=tuple(envs.items()))
-    paths = ref_mod.write(table, out_dir)
+                            progress=ui.progress, candidates=tuple((ref, envs[ref], flags[ref]) for ref in cand_refs),
+                            repeat=repeat, command=command)
+    paths = ref_mod.write(table, out_dir, markdown_path.resolve() if markdown_path else None)
     if as_json:
         emit_json(ref_mod.to_json(table))
     else:

@@ -445,9 +445,11 @@ def preemption(m: Measured, control: Run | None, exact: bool = True) -> list[Che
                              + (f"(after its pause at token {after[-1].at_token})" if after
                                 else "(before any pause of its own)"))
         resumed = sorted(s for s, v in ps.items() if any(p.resumed for p in v))
+        n_resumes = sum(p.resumed for v in ps.values() for p in v)
         if not diffs:
             checks.append(Check("streams-exact", "pass", "every stream equals its control token for token"
-                                + (f", resumed ones included (slots {resumed})" if resumed else "")))
+                                + (f", resumed ones included (slots {resumed}): {n_resumes} resume(s) judged"
+                                   if resumed else "")))
         else:
             checks.append(Check("streams-exact", "fail" if exact else "skip", "; ".join(diffs)
                                 + ("" if exact else " (reported, not failed: this model's greedy stream was measured to "

@@ -71,6 +71,7 @@ class Row:
     verdict: str             # PASS / FAIL of the strategy's own expectations (which ones: `expect`)
     expect: str
     failed_checks: tuple[str, ...] = ()
+    run: int = 1             # the repetition (1..repeat)
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,83 @@ class Table:
     base_commit: str
     layout: str | None
     model: str
-    rows: tuple[Row, ...]
+    rows: tuple[Row, ...]    # one per strategy, workload and repetition
     seconds: float
     build_s: dict            # entry -> seconds its candidate build took (0 when cached)
+    repeat: int = 1
+    command: str = ""        # the command that reproduces it (the PR comment quotes it)
+
+
+# A ranking claims only what the runs show: on one workload, A is measurably faster than B when every
+# run of A ends before every run of B (the rank test's extreme, Mann-Whitney U = 0), whose exact
+# one-sided p under "no difference" is 1 / C(nA + nB, nA): 0.05 for 3 runs each, 0.004 for 5. Above
+# ALPHA (too few runs, or overlapping ranges), the table says "no measurable difference".
+ALPHA = 0.05
+
+
+def u_zero_p(n_a: int, n_b: int) -> float:
+    """Exact one-sided p of Mann-Whitney U = 0 with samples of n_a and n_b and no ties."""
+    from math import comb
+    return 1 / comb(n_a + n_b, n_a)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One strategy on one workload over its repetitions: the median and the range of each figure."""
+    entry: str
+    workload: str
+    runs: int
+    completed: int           # over all runs
+    total: int
+    makespan: tuple[float, float, float]   # (median, min, max), seconds
+    tok_s: tuple[float, float, float]
+    slowest: tuple[float, float, float]
+    parks: tuple[float, float, float]      # per run (a round of the workload's requests)
+    verdicts: str            # "3/3 PASS", "-" for the base
+    exact: str               # runs whose every stream equalled its control
+
+
+def _spread(xs: list[float]) -> tuple[float, float, float]:
+    import statistics
+    return (round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3))
+
+
+def summaries(t: Table) -> list[Summary]:
+    out = []
+    for key in dict.fromkeys((r.workload, r.entry) for r in t.rows):
+        rs = [r for r in t.rows if (r.workload, r.entry) == key]
+        judged = [r for r in rs if r.verdict != "-"]
+        out.append(Summary(key[1], key[0], len(rs), sum(r.completed for r in rs), sum(r.total for r in rs),
+                           _spread([r.makespan_s for r in rs]), _spread([r.tok_s for r in rs]),
+                           _spread([r.slowest_s for r in rs]), _spread([float(r.parks) for r in rs]),
+                           f"{sum(r.verdict == 'PASS' for r in judged)}/{len(judged)} PASS" if judged else "-",
+                           f"{sum(r.exact.split(' ')[0].split('/')[0] == r.exact.split(' ')[0].split('/')[-1] for r in rs)}"
+                           f"/{len(rs)}" if rs[0].exact != "-" else "-"))
+    return out
+
+
+def ranking(t: Table, workload: str) -> str:
+    """Which strategy finished the workload first, said only where the difference is measured: the
+    fastest by median is named when its every run beat every run of each other strategy that passed
+    its own expectations (and that p is at most ALPHA); otherwise the ones it cannot be told from."""
+    rows = [r for r in t.rows if r.workload == workload and r.verdict == "PASS"]
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(r.entry, []).append(r.makespan_s)
+    if len(by) < 2:
+        return "fewer than two passing strategies: nothing to rank"
+    import statistics
+    order = sorted(by, key=lambda e: statistics.median(by[e]))
+    best = order[0]
+    ties = [e for e in order[1:] if not (max(by[best]) < min(by[e]) and u_zero_p(len(by[best]), len(by[e])) <= ALPHA)]
+    p = max(u_zero_p(len(by[best]), len(by[e])) for e in order[1:])
+    if not ties:
+        return (f"{best} is measurably fastest: every one of its {len(by[best])} run(s) ended before every run of "
+                f"each other passing strategy (rank test U = 0, p <= {p:.3f})")
+    return (f"no measurable difference between {best} and {', '.join(ties)} (makespan ranges overlap, or too few "
+            f"runs: U = 0 needs p = 1/C(n+m, n) <= {ALPHA}, i.e. 3 runs each)"
+            + (f"; measurably behind {best}: {', '.join(e for e in order[1:] if e not in ties)}"
+               if len(ties) < len(order) - 1 else ""))
 
 
 def parse(entries: tuple[str, ...]) -> list[Entry]:
@@ -106,7 +181,7 @@ def parse(entries: tuple[str, ...]) -> list[Entry]:
     return out
 
 
-def row(entry: Entry, wl: Workload, run: Run, control: Run | None, verdict, expect: str) -> Row:
+def row(entry: Entry, wl: Workload, run: Run, control: Run | None, verdict, expect: str, k: int = 1) -> Row:
     outs = run.outcomes
     failed = [o for o in outs if o.outcome != "completed"]
     n_overflows = len(measure.overflows(run, wl)) if failed else 0
@@ -132,16 +207,27 @@ def row(entry: Entry, wl: Workload, run: Run, control: Run | None, verdict, expe
                round(max((p.seconds or 0.0 for p in all_p), default=0.0), 3),
                max((len(v) for v in ps.values()), default=0), exact,
                "-" if verdict is None else "PASS" if verdict.ok else "FAIL", expect,
-               tuple(f"{c.name}: {c.detail}" for c in (verdict.checks if verdict else ()) if c.status == "fail"))
+               tuple(f"{c.name}: {c.detail}" for c in (verdict.checks if verdict else ()) if c.status == "fail"), k)
+
+
+def _rows(entry: Entry, wr, expect: str, base_too: bool) -> list[Row]:
+    """Every repetition of one workload's result: the base's runs (once per table), then the entry's."""
+    out = [row(Entry("base", ""), wr.workload, r, wr.control, None, "none", k)
+           for k, r in enumerate(wr.base, 1)] if base_too else []
+    for k, run in enumerate(wr.candidate, 1):
+        v = next((v for v in wr.verdicts if v.side == "candidate" and v.run_index == k - 1), None)
+        out.append(row(entry, wr.workload, run, wr.control, v, expect, k))
+    return out
 
 
 def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Workload], *,
             model_name: str | None = None, opts: build_mod.Options = build_mod.Options(), out_dir: Path,
             say: Callable[[str], None] = print, progress: Callable[[str], None] = lambda s: None,
-            candidates: tuple[tuple[str, dict[str, str]], ...] = ()) -> Table:
-    """`candidates`: (ref, server environment) rows beside the strategies: any ref of `repo` (a fork's
-    PR branch), judged by what it measurably does (`--expect auto`), its environment its own (e.g.
-    a knob the PR reads)."""
+            candidates: tuple[tuple[str, dict[str, str], tuple[str, ...]], ...] = (), repeat: int = 1,
+            command: str = "") -> Table:
+    """`candidates`: (ref, server environment, server flags) rows beside the strategies: any ref of
+    `repo` (a fork's PR branch), judged by what it measurably does (`--expect auto`), its environment
+    and flags its own (e.g. a knob the PR reads, `--preempt-ram 0`). `repeat`: runs per row."""
     t0 = time.monotonic()
     reuse: dict = {}
     rows: list[Row] = []
@@ -157,37 +243,34 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
         cand, an = apply_mod.candidate_commit(repo, base, fam, entry.policy, None, opts, progress)
         layout = layout or (an.facts.layout if an.facts else None)
         res = verify_mod.run_suite(repo, base, cand, workloads, work_dir=out_dir / entry.label.replace(":", "-"),
-                                   opts=opts, policy=entry.policy, candidate_label=f"{entry.label}", layout=layout,
+                                   repeat=repeat, opts=opts, policy=entry.policy, candidate_label=f"{entry.label}", layout=layout,
                                    model_name=model_name, expect="auto", evicting_patch=True, reuse=reuse,
                                    say=say, progress=progress, patch_expect=spec.expect)
         builds[entry.label] = dict(res.timings).get("build candidate", 0.0)
         for wr in res.results:
-            if not base_rows_done and any(e.strategy == "base" for e in entries):
-                rows.append(row(Entry("base", ""), wr.workload, wr.base[0], wr.control, None, "none"))
-            v = next((v for v in wr.verdicts if v.side == "candidate"), None)
-            rows.append(row(entry, wr.workload, wr.candidate[0], wr.control, v, res.expect))
+            rows += _rows(entry, wr, res.expect, not base_rows_done and any(e.strategy == "base" for e in entries))
         base_rows_done = True
     from .source import resolve
-    for ref, env in candidates:
-        label = f"ref {ref}" + "".join(f" {k}={v}" for k, v in env.items())
+    for ref, env, args in candidates:
+        label = f"ref {ref}" + "".join(f" {k}={v}" for k, v in env.items()) + "".join(f" {a}" for a in args)
         say(f"== {label}: a candidate of the repository, judged by what it measurably does")
         cand = resolve(repo, ref)
         res = verify_mod.run_suite(repo, base, cand, workloads, work_dir=out_dir / f"ref-{len(rows)}", opts=opts,
+                                   repeat=repeat,
                                    candidate_label=label, layout=layout, model_name=model_name, expect="auto",
                                    evicting_patch=False, reuse=reuse, say=say, progress=progress,
-                                   candidate_env=env)
+                                   candidate_env=env, candidate_args=args)
         builds[label] = dict(res.timings).get("build candidate", 0.0)
         for wr in res.results:
-            if not base_rows_done and any(e.strategy == "base" for e in entries):
-                rows.append(row(Entry("base", ""), wr.workload, wr.base[0], wr.control, None, "none"))
-            v = next((v for v in wr.verdicts if v.side == "candidate"), None)
-            rows.append(row(Entry(label, ""), wr.workload, wr.candidate[0], wr.control, v, res.expect))
+            rows += _rows(Entry(label, ""), wr, res.expect,
+                          not base_rows_done and any(e.strategy == "base" for e in entries))
         base_rows_done = True
         entries = [*entries, Entry(label, "")]
     order = {e.label: i for i, e in enumerate(entries)}
     wl_order = {w.name: i for i, w in enumerate(workloads)}
-    rows.sort(key=lambda r: (wl_order[r.workload], order.get(r.entry, -1)))
-    return Table(base, layout, model_name or workloads[0].model, tuple(rows), round(time.monotonic() - t0, 1), builds)
+    rows.sort(key=lambda r: (wl_order[r.workload], order.get(r.entry, -1), r.run))
+    return Table(base, layout, model_name or workloads[0].model, tuple(rows), round(time.monotonic() - t0, 1), builds,
+                 repeat, command)
 
 
 COLUMNS = (("strategy", "entry"), ("completed", None), ("collateral", "collateral"), ("makespan s", "makespan_s"),
@@ -201,15 +284,19 @@ def cells(r: Row) -> list[str]:
 
 
 def markdown(t: Table) -> str:
-    lines = [f"# The referee: every answer to a full KV cache, measured",
-             "", f"base `{t.base_commit[:12]}`, layout {t.layout}, model {t.model}; {t.seconds:.0f} s in all.", ""]
+    lines = ["# The referee: every answer to a full KV cache, measured",
+             "", f"base `{t.base_commit[:12]}`, layout {t.layout}, model {t.model}, {t.repeat} run(s) per row; "
+             f"{t.seconds:.0f} s in all.", ""]
     for wl in dict.fromkeys(r.workload for r in t.rows):
-        lines += [f"## {wl}", "", "| " + " | ".join(h for h, _ in COLUMNS) + " |",
-                  "|" + "---|" * len(COLUMNS)]
-        for r in (r for r in t.rows if r.workload == wl):
-            lines.append("| " + " | ".join(cells(r)) + " |")
+        lines += [f"## {wl}", ""]
+        if t.repeat > 1:
+            lines += summary_table(t, wl) + [""]
+        else:
+            lines += ["| " + " | ".join(h for h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+            lines += ["| " + " | ".join(cells(r)) + " |" for r in t.rows if r.workload == wl]
         fails = [r for r in t.rows if r.workload == wl and r.failed_checks]
-        lines += [""] + [f"- {r.entry} FAIL: " + "; ".join(r.failed_checks) for r in fails] + [""]
+        lines += [""] + [f"- {r.entry} (run {r.run}) FAIL: " + "; ".join(r.failed_checks) for r in fails]
+        lines += [f"- ranking: {ranking(t, wl)}", ""]
     lines += ["Columns: completed / total requests; collateral = failed requests beyond one per overflow; makespan ="
               " first request sent to last ended; tok/s = tokens streamed / makespan; parks = pauses measured in "
               "upstream's log; recomputed = cells recomputed on resume; exact = streams equal to the no-overflow "
@@ -218,33 +305,76 @@ def markdown(t: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
+SUMMARY_COLUMNS = ("strategy", "completed", "wall s", "slowest request s", "aggregate tok/s", "parks per round",
+                   "exact runs", "verdict")
+
+
+def _mmm(x: tuple[float, float, float], digits: int = 3) -> str:
+    med, lo, hi = x
+    return f"{med:.{digits}f}" + ("" if lo == hi else f" ({lo:.{digits}f}-{hi:.{digits}f})")
+
+
+def summary_table(t: Table, workload: str) -> list[str]:
+    """The columns the fork's authors measure by hand: wall, slowest request, aggregate tok/s, parks
+    per round (one run of the workload's requests); each the median over the runs, its range after."""
+    out = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
+    for m in summaries(t):
+        if m.workload == workload:
+            out.append(f"| {m.entry} | {m.completed}/{m.total} | {_mmm(m.makespan)} | {_mmm(m.slowest)} | "
+                       f"{_mmm(m.tok_s, 1)} | {_mmm(m.parks, 1)} | {m.exact} | {m.verdicts} |")
+    return out
+
+
+def pr_comment(t: Table) -> str:
+    """The table as a pull-request comment: what was run, every workload's medians and ranges, what is
+    measurably different and what is not, and the command that reproduces it."""
+    lines = [f"### patchkit referee: {t.repeat} run(s) per strategy and workload",
+             "", f"Base `{t.base_commit[:12]}` (layout {t.layout}), model {t.model}. Each figure is the median of "
+             f"the runs, its range in brackets; a strategy is named faster only where every run of it ended "
+             f"before every run of the other (rank test, p <= {ALPHA}).", ""]
+    for wl in dict.fromkeys(r.workload for r in t.rows):
+        lines += [f"**{wl}**", "", *summary_table(t, wl), "", f"Ranking: {ranking(t, wl)}.", ""]
+    failed = sorted({r.entry for r in t.rows if r.verdict == "FAIL"})
+    lines += [f"Verdicts: {'every patched strategy passed its own expectations' if not failed else 'FAIL: ' + ', '.join(failed)}.",
+              "", "Reproduce:", "", "```", t.command or "patchkit referee", "```", ""]
+    return "\n".join(lines)
+
+
 def svg(t: Table) -> str:
-    """Makespan per strategy and workload, as horizontal bars (failed requests marked)."""
-    rows = list(t.rows)
-    top = max((r.makespan_s for r in rows), default=1.0) or 1.0
-    h, w, label_w = 18, 720, 260
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h * len(rows) + 30}" font-size="11" '
+    """Makespan per strategy and workload: the median as a bar, the range of the runs as a whisker
+    (failed requests marked red, parked runs blue)."""
+    ms = summaries(t)
+    top = max((m.makespan[2] for m in ms), default=1.0) or 1.0
+    h, w, label_w = 18, 760, 260
+    scale = (w - label_w - 150) / top
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h * len(ms) + 30}" font-size="11" '
            'font-family="sans-serif">']
-    for i, r in enumerate(rows):
+    for i, m in enumerate(ms):
         y = i * h + 4
-        bw = (w - label_w - 120) * r.makespan_s / top
-        colour = "#c0392b" if r.completed < r.total else "#2e86c1" if r.parks else "#7f8c8d"
-        out.append(f'<text x="0" y="{y + 12}">{r.workload} · {r.entry}</text>')
-        out.append(f'<rect x="{label_w}" y="{y}" width="{bw:.1f}" height="{h - 4}" fill="{colour}"/>')
-        out.append(f'<text x="{label_w + bw + 4:.1f}" y="{y + 12}">{r.makespan_s:.2f} s, {r.completed}/{r.total}'
-                   f'{f", {r.parks} parks" if r.parks else ""}</text>')
-    out.append(f'<text x="0" y="{h * len(rows) + 24}">makespan (grey: no park; blue: parked; red: requests '
-               'failed)</text></svg>')
+        med, lo, hi = m.makespan
+        colour = "#c0392b" if m.completed < m.total else "#2e86c1" if m.parks[0] else "#7f8c8d"
+        out.append(f'<text x="0" y="{y + 12}">{m.workload} · {m.entry}</text>')
+        out.append(f'<rect x="{label_w}" y="{y}" width="{med * scale:.1f}" height="{h - 4}" fill="{colour}"/>')
+        if hi > lo:
+            out.append(f'<line x1="{label_w + lo * scale:.1f}" x2="{label_w + hi * scale:.1f}" y1="{y + (h - 4) / 2}" '
+                       f'y2="{y + (h - 4) / 2}" stroke="black"/>')
+        out.append(f'<text x="{label_w + hi * scale + 4:.1f}" y="{y + 12}">{_mmm(m.makespan, 2)} s, '
+                   f'{m.completed}/{m.total}{f", {m.parks[0]:g} parks" if m.parks[0] else ""}</text>')
+    out.append(f'<text x="0" y="{h * len(ms) + 24}">makespan, median of {t.repeat} run(s), whisker: their range (grey: '
+               'no park; blue: parked; red: requests failed)</text></svg>')
     return "\n".join(out)
 
 
 def to_json(t: Table) -> dict:
     from dataclasses import asdict
-    return {"schema": "patchkit-referee/1", "base_commit": t.base_commit, "layout": t.layout, "model": t.model,
-            "seconds": t.seconds, "build_s": t.build_s, "rows": [asdict(r) for r in t.rows]}
+    wls = list(dict.fromkeys(r.workload for r in t.rows))
+    return {"schema": "patchkit-referee/2", "base_commit": t.base_commit, "layout": t.layout, "model": t.model,
+            "repeat": t.repeat, "command": t.command, "seconds": t.seconds, "build_s": t.build_s,
+            "rows": [asdict(r) for r in t.rows], "summaries": [asdict(m) for m in summaries(t)],
+            "ranking": {wl: ranking(t, wl) for wl in wls}}
 
 
-def write(t: Table, out_dir: Path) -> dict[str, Path]:
+def write(t: Table, out_dir: Path, comment: Path | None = None) -> dict[str, Path]:
     import html
     import json
 
@@ -253,6 +383,10 @@ def write(t: Table, out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
     paths["json"].write_text(json.dumps(to_json(t), indent=2))
     paths["md"].write_text(md)
+    if comment is not None:
+        comment.parent.mkdir(parents=True, exist_ok=True)
+        comment.write_text(pr_comment(t))
+        paths["comment"] = comment
     table_html = []
     for wl in dict.fromkeys(r.workload for r in t.rows):
         table_html.append(f"<h2>{html.escape(wl)}</h2><table><tr>" + "".join(f"<th>{h}</th>" for h, _ in COLUMNS)

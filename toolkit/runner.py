@@ -81,19 +81,21 @@ def _tokenized(srv: Server, r: Request) -> Request:
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
         timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S,
         want_shape: bool = True, policy: str = "largest", probe_pool: bool = False,
-        env: dict[str, str] | None = None) -> Run:
+        env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()) -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
     does not have the workload's designed shape for `policy`. The last run is returned with
     every earlier start in `earlier` (each keeps its log: `<log>.start<k>`), all judged.
     `want_shape=False` (the no-overflow control: nothing to shape) runs once. `probe_pool`: after
-    the workload, one request sized to nearly the whole pool (Run.pool_probe)."""
+    the workload, one request sized to nearly the whole pool (Run.pool_probe). `env`, `extra_args`:
+    added to the server's environment and command line (a candidate's own knobs and flags)."""
     if not want_shape:
         attempts = 1
     deadline = time.monotonic() + budget_s
     earlier: list[Run] = []
     for attempt in range(1, attempts + 1):
         path = log_path if attempt == 1 else log_path.with_name(f"{log_path.name}.start{attempt}")
-        r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool, env=env)
+        r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool, env=env,
+                     extra_args=extra_args)
         last = attempt == attempts or time.monotonic() > deadline
         why = None if r.exit_code is not None else measure.shape(r, wl, policy)
         _log.info("%s: start %d, %.2f s%s", wl.name, attempt, r.wall, f" (again: {why})" if why and not last else "")
@@ -123,7 +125,8 @@ PROBE_SLACK = 24
 
 
 def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
-             timeout: float = 120.0, probe_pool: bool = False, env: dict[str, str] | None = None) -> Run:
+             timeout: float = 120.0, probe_pool: bool = False, env: dict[str, str] | None = None,
+             extra_args: tuple[str, ...] = ()) -> Run:
     """A fresh server, every request, a follow-up probe, the server stopped."""
     # upstream's own per-step log (each slot's batch entry and cells, each token, retries, errors):
     # the exact record measure.py judges from, whatever the client's scheduling was
@@ -132,6 +135,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
         if draft is None:
             raise UsageError(f"workload {wl.name} needs a draft model.")
         args += ["-md", str(draft)]  # flag names of draft sizes changed across layouts: defaults
+    args += list(extra_args)
     log_path.write_text("")
     srv = Server(binary, model, args, log_path, env=env)
     with srv as ep:

@@ -86,13 +86,14 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               evicting_patch: bool = False, base_reference: bool = False, sides: tuple[str, str] = ("base", "candidate"),
               reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None,
               patch_expect: str = "eviction", shapes: tuple[str, ...] | None = None,
-              candidate_env: dict[str, str] | None = None) -> Result:
+              candidate_env: dict[str, str] | None = None, candidate_args: tuple[str, ...] = ()) -> Result:
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
     each workload's control and base runs are made once and shared by every candidate.
     `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`).
     `shapes`: the failure-point shapes the candidate's handler can meet (its patch.toml); None:
     every shape of the applied expectations (a candidate that is not patchkit's).
-    `candidate_env`: added to the candidate's servers' environment (a mutant's id, a PR's knob)."""
+    `candidate_env`, `candidate_args`: added to the candidate's servers' environment (a mutant's id, a
+    PR's knob) and command line (a PR's own flags, e.g. --preempt-ram 0)."""
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -143,7 +144,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                                               work_dir / f"{wl.name}.candidate.{k}.log",
                                               draft=draft.path if draft else None, policy=policy,
                                               probe_pool=True,  # every cell back: preemption's promise
-                                              env=candidate_env))
+                                              env=candidate_env, extra_args=candidate_args))
         if reuse is not None:
             reuse[(str(base_bin.binary), wl.name, repeat)] = (control, base_runs)
         recorded.append((wl, tiny, control, base_runs, cand_runs))

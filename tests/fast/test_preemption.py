@@ -76,7 +76,7 @@ def test_a_run_without_a_pause_has_none():
 def test_the_right_preemption_passes_every_check():
     c = checks(run())
     assert all(x.status == "pass" for x in c.values()), c
-    assert "resumed ones included (slots [0])" in c["streams-exact"].detail
+    assert "resumed ones included (slots [0]): 1 resume(s) judged" in c["streams-exact"].detail
 
 
 def test_resuming_elsewhere_fails_with_both_cell_counts():
@@ -241,3 +241,34 @@ def test_auto_expectations_measure_a_candidate_that_parks():
     assert applied == "preemption" and "a request paused in upstream's log" in why
     assert verify.expectations("auto", [(WL, [plain], [plain])])[0] == "no-regression"
     assert verify.expectations("auto", [(WL, [plain], [plain])], "patch park-slot", "preemption")[0] == "preemption"
+
+
+def _table(makespans: dict[str, list[float]], verdict="PASS"):
+    rows = tuple(referee.Row(e, "overflow-4", 4, 4, 0, m, 1000 / m, m, 2, 0, 0.01, 1, "4/4", verdict, "preemption",
+                             (), k) for e, ms in makespans.items() for k, m in enumerate(ms, 1))
+    return referee.Table("c" * 40, "C2", "tiny", rows, 1.0, {}, max(len(v) for v in makespans.values()),
+                         "patchkit referee --repeat 3")
+
+
+def test_the_referee_names_a_faster_strategy_only_where_every_run_beat_every_run():
+    apart = _table({"park:smallest": [0.20, 0.21, 0.22], "park:largest": [0.30, 0.31, 0.29]})
+    assert referee.ranking(apart, "overflow-4").startswith("park:smallest is measurably fastest") and \
+        "p <= 0.050" in referee.ranking(apart, "overflow-4")
+    overlap = _table({"park:smallest": [0.20, 0.33, 0.22], "park:largest": [0.30, 0.31, 0.29]})
+    assert referee.ranking(overlap, "overflow-4").startswith("no measurable difference between park:smallest and "
+                                                             "park:largest")
+    two_runs = _table({"park:smallest": [0.20, 0.21], "park:largest": [0.30, 0.31]})  # p = 1/6: too few runs
+    assert referee.ranking(two_runs, "overflow-4").startswith("no measurable difference")
+    failing = _table({"park:smallest": [0.1, 0.1, 0.1], "park:largest": [0.3, 0.3, 0.3]}, verdict="FAIL")
+    assert referee.ranking(failing, "overflow-4").startswith("fewer than two passing strategies")
+
+
+def test_the_referee_summary_gives_median_and_range_and_the_pr_comment_reproduces():
+    t = _table({"park:smallest": [0.20, 0.21, 0.25], "park:largest": [0.30, 0.31, 0.29]})
+    m = {s.entry: s for s in referee.summaries(t)}
+    assert m["park:smallest"].makespan == (0.21, 0.2, 0.25) and m["park:smallest"].verdicts == "3/3 PASS"
+    assert m["park:largest"].completed == 12 and m["park:largest"].exact == "3/3"
+    comment = referee.pr_comment(t)
+    assert "| park:smallest | 12/12 | 0.210 (0.200-0.250) |" in comment
+    assert "```\npatchkit referee --repeat 3\n```" in comment and "Ranking: park:smallest is measurably fastest" in comment
+    assert "wall s | slowest request s | aggregate tok/s | parks per round" in referee.markdown(t)

@@ -112,12 +112,14 @@ def test_the_referee_table_measures_every_strategy_on_the_same_requests(c2, c2_b
 
     args = [a for e in ("base", "terminate:largest", "park:largest", "recompute:smallest") for a in ("--strategy", e)]
     res = subprocess.run([sys.executable, "-m", "toolkit", "referee", "--repo", str(c2.path), "--base",
-                          source.BASELINE_TAG, *args, "--workload", "overflow-4", "--model", "tiny",
-                          "--report-dir", str(tmp_path / "out"), "--json"], capture_output=True, text=True)
+                          source.BASELINE_TAG, *args, "--workload", "overflow-4", "--model", "tiny", "--repeat", "3",
+                          "--markdown", str(tmp_path / "comment.md"), "--report-dir", str(tmp_path / "out"), "--json"],
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     t = json.loads(res.stdout)
-    assert t["base_commit"] == c2.commit
-    rows = {r["entry"]: SimpleNamespace(**r) for r in t["rows"]}
+    assert t["base_commit"] == c2.commit and t["repeat"] == 3
+    assert sorted(r["run"] for r in t["rows"] if r["entry"] == "park:largest") == [1, 2, 3]
+    rows = {r["entry"]: SimpleNamespace(**r) for r in t["rows"] if r["run"] == 1}
     assert list(rows) == ["base", "terminate:largest", "park:largest", "recompute:smallest"]
     assert rows["base"].completed == 0 and rows["base"].collateral == 3          # one overflow, four failed
     assert rows["terminate:largest"].completed == 3 and rows["terminate:largest"].collateral == 0
@@ -128,6 +130,17 @@ def test_the_referee_table_measures_every_strategy_on_the_same_requests(c2, c2_b
     assert rows["park:largest"].recomputed == 0 < rows["recompute:smallest"].recomputed
     out = tmp_path / "out"
     assert "<svg" in (out / "report.html").read_text() and "| park:largest |" in (out / "report.md").read_text()
+    # three runs per row: medians and ranges, and a ranking that claims only what the rank test shows
+    summ = {m["entry"]: m for m in t["summaries"]}
+    assert summ["park:largest"]["runs"] == 3 and summ["park:largest"]["verdicts"] == "3/3 PASS"
+    med, lo, hi = summ["park:largest"]["makespan"]
+    assert lo <= med <= hi
+    rank = t["ranking"]["overflow-4"]
+    assert rank.startswith(("no measurable difference between", "terminate:largest is measurably fastest",
+                            "park:largest is measurably fastest", "recompute:smallest is measurably fastest")), rank
+    comment = (tmp_path / "comment.md").read_text()
+    assert "patchkit referee --repo" in comment and "--repeat 3" in comment and f"Ranking: {rank}" in comment
+    print(comment)
 
 
 def test_park_applies_checks_and_reverts_like_the_eviction(c2, tmp_path):

@@ -28,11 +28,12 @@ def test_a_foreign_park_branch_is_a_row_beside_patchkits_strategies(c2, c2_base,
     assert "Patchkit" not in repo.commit(sha).message
     res = subprocess.run([sys.executable, "-m", "toolkit", "referee", "--repo", str(tmp_path / "T"), "--base",
                           source.BASELINE_TAG, "--strategy", "base", "--strategy", "park:largest", "--candidate",
-                          "fork/pr-park", "--candidate-env", "fork/pr-park=PREEMPT_KNOB=1", "--workload", "overflow-4",
+                          "fork/pr-park", "--candidate-env", "fork/pr-park=PREEMPT_KNOB=1",
+                          "--candidate-args", "fork/pr-park=--threads 1", "--workload", "overflow-4",
                           "--report-dir", str(tmp_path / "ref"), "--json"], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = {r["entry"]: r for r in json.loads(res.stdout)["rows"]}
-    foreign = rows["ref fork/pr-park PREEMPT_KNOB=1"]
+    foreign = rows["ref fork/pr-park PREEMPT_KNOB=1 --threads 1"]
     # measured, not declared: it parks, so the preemption expectations judged it, and it passes
     assert foreign["expect"] == "preemption" and foreign["verdict"] == "PASS", foreign
     assert foreign["completed"] == 4 and foreign["parks"] >= 1 and foreign["exact"] == "4/4", foreign
@@ -42,5 +43,5 @@ def test_a_foreign_park_branch_is_a_row_beside_patchkits_strategies(c2, c2_base,
                                                                   foreign["exact"])
     assert rows["base"]["completed"] == 0
     md = (tmp_path / "ref" / "report.md").read_text()
-    assert "| ref fork/pr-park PREEMPT_KNOB=1 | 4/4 |" in md
+    assert "| ref fork/pr-park PREEMPT_KNOB=1 --threads 1 | 4/4 |" in md
     print(next(line for line in md.splitlines() if line.startswith("| ref fork/pr-park")))
