@@ -329,17 +329,18 @@ SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "
 
 
 def judge(m: Measured, side: str, index: int = 0, control: Run | None = None, base: Run | None = None,
-          expect: str = "eviction", base_reference: bool = False, witness: bool = False) -> Verdict:
+          expect: str = "eviction", base_reference: bool = False, witness: bool = False,
+          park_bound: int = 0) -> Verdict:
     """The run's verdict, and every earlier start of it (made again for its shape) judged too:
     a start is never dropped for its verdict. An earlier start that did not overflow at all is
     held to "every request completes"."""
-    v = _judge(m, side, index, control, base, expect, base_reference, witness)
+    v = _judge(m, side, index, control, base, expect, base_reference, witness, park_bound)
     if not m.earlier:
         return v
     problems = []
     for e in m.earlier:
         overflowed = any(o.error == EXCEEDED for o in e.run.outcomes)
-        checks = (_judge(e, side, index, control, base, expect, base_reference, witness).checks
+        checks = (_judge(e, side, index, control, base, expect, base_reference, witness, park_bound).checks
                   if overflowed else tuple(unchanged(e)))
         problems += [f"start {e.run.attempts} ({e.run.log}): {c.name}: {c.detail}" for c in checks
                      if c.status == "fail" and c.name not in SHAPE_CHECKS]
@@ -350,7 +351,8 @@ def judge(m: Measured, side: str, index: int = 0, control: Run | None = None, ba
 
 
 def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, base: Run | None = None,
-           expect: str = "eviction", base_reference: bool = False, witness: bool = False) -> Verdict:
+           expect: str = "eviction", base_reference: bool = False, witness: bool = False,
+           park_bound: int = 0) -> Verdict:
     """expect "eviction": the workload's own expectations (base shows the bug, candidate evicts
     one). With `base_reference` (the base already evicts, or it is the fork's current nightly in
     the pin gate) the base side is not judged but compared with: the candidate must also not
@@ -362,7 +364,7 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
         # its own expectation below: a preemption must change nothing there
         # a model measured not batch-invariant cannot be held to its control once the batch changed
         return Verdict(wl.name, side, index, tuple(server_checks(m) + preemption(
-            m, control, exact=wl.expect.integrity is True)))
+            m, control, exact=wl.expect.integrity is True, park_bound=park_bound)))
     if expect == "no-regression" or (side == "base" and base_reference):
         checks = (reference(m) if side == "base"
                   else no_regression(run, base, wl) + server_checks(m))
@@ -392,13 +394,15 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
 IDLE_STEPS_BOUND = 2
 
 
-def preemption(m: Measured, control: Run | None, exact: bool = True) -> list[Check]:
+def preemption(m: Measured, control: Run | None, exact: bool = True, park_bound: int = 0) -> list[Check]:
     """What a preemption (park by swap, or recompute) promises, measured: no request fails; each
     stream equals the same request's control run token for token (the control: the same requests
     in a pool with room for all); every cell comes back (a request of nearly the whole pool
     completes afterwards); no request waits while nothing runs; and on a workload whose base
     overflows, a request was parked at all (else nothing was exercised). `exact=False` (a recompute
-    on a backend measured not to be batch-invariant): differences are reported, not failed."""
+    on a backend measured not to be batch-invariant): differences are reported, not failed.
+    `park_bound`: the candidate is patchkit's own series, which passes over a request parked that
+    many times while another can go (a foreign design may bound starvation otherwise: not judged)."""
     run, wl, outs = m.run, m.wl, m.run.outcomes
     failed = [o for o in outs if o.outcome != "completed"]
     checks = [_check("no-request-fails", not failed,
@@ -428,6 +432,14 @@ def preemption(m: Measured, control: Run | None, exact: bool = True) -> list[Che
         unfreed = m.unfreed_parks
         checks.append(_check("parks-free-cells", not unfreed, "; ".join(unfreed) if unfreed else
                              "after every park the retry at the same offset found the cells it freed"))
+    if n and park_bound:
+        starved = [p for p in m.parks_in_order if p.before >= park_bound and any(c < park_bound for _, c in p.rivals)]
+        checks.append(_check("parks-bounded", not starved, "; ".join(
+            f"slot {p.slot} parked a {p.before + 1}th time at step {p.step}, while "
+            + ", ".join(f"slot {s} ({c} park(s))" for s, c in p.rivals if c < park_bound) + " generated beside it"
+            for p in starved) if starved else
+            f"no request was parked again after {park_bound} parks while another, parked fewer times, generated "
+            f"beside it (most parks of one request: {max(p.before + 1 for p in m.parks_in_order)})"))
     if control is None:
         checks.append(Check("streams-exact", "skip", "no control run"))
     else:

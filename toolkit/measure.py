@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 from .overflows import (Offset, Overflow, SlotAt, decoded_first, designed, evicts, first_group_offsets,
                         offset, overflows, prompt_not_largest, shape, shift_exercised)
-from .pauses import Pause, parks, pauses, unfreed_parks, word
+from .pauses import PARK_BOUND, Park, Pause, parks, parks_in_order, pauses, unfreed_parks, word
 from .record import Run
 from .serverlog import EXCEEDED, late_entries, sampling_problems, steps, trace_problems
 from .workload import Workload
 
 __all__ = ["Measured", "measure", "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts",
-           "first_group_offsets", "offset", "overflows", "prompt_not_largest", "shape", "shift_exercised", "Pause",
+           "first_group_offsets", "offset", "overflows", "prompt_not_largest", "shape", "shift_exercised", "PARK_BOUND", "Park", "Pause", "parks_in_order",
            "parks", "pauses", "unfreed_parks", "word", "EXCEEDED", "late_entries", "sampling_problems", "steps",
            "trace_problems"]
 
@@ -45,6 +45,7 @@ class Measured:
     late_entries: tuple[str, ...]              # a terminated task that decoded on
     pauses: dict[int, tuple[Pause, ...]]       # slot -> its pauses
     unfreed_parks: tuple[str, ...]             # a park after which the same offset ran out again
+    parks_in_order: tuple[Park, ...]           # every park, with the requests generating beside it
     earlier: tuple["Measured", ...] = ()       # every earlier start of the run, made again for its shape
 
     @property
@@ -62,5 +63,5 @@ def measure(run: Run, wl: Workload, policy: str = "largest") -> Measured:
         run, wl, policy, evs, evicts(run, wl), tuple(designed(largest[0], wl)) if largest else (),
         shape(run, wl), first_group_offsets(run, wl),
         tuple(trace_problems(run)) if run.trace else (), tuple(sampled), tuple(unjudged),
-        tuple(late_entries(run)), pauses(run), tuple(unfreed_parks(run)),
+        tuple(late_entries(run)), pauses(run), tuple(unfreed_parks(run)), parks_in_order(run),
         tuple(measure(e, wl, policy) for e in run.earlier))

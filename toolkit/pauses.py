@@ -115,3 +115,44 @@ def word(o: Outcome, ps: tuple[Pause, ...] = ()) -> str:
 def parks(run: Run) -> bool:
     """Measured: did a request pause while others went on (the candidate preempts)?"""
     return any(pauses(run).values())
+
+
+# patchkit's preemption families pass over a task parked this many times while another can go (the
+# fork's rule: it protects a slot after 3 parks; helper.cpp.j2, a fast test keeps the two equal).
+PARK_BOUND = 3
+
+
+@dataclass(frozen=True)
+class Park:
+    """One park, with who else could have been parked in its step."""
+    slot: int
+    step: int
+    before: int                           # times this request had been parked before
+    rivals: tuple[tuple[int, int], ...]   # (slot, its parks so far) of every other request generating in that step
+
+
+def parks_in_order(run: Run) -> tuple[Park, ...]:
+    """Every park in step order, each with the requests that were generating beside it (an entry in
+    that step, not parked in it) and how often each had been parked: what a starvation bound is
+    judged on. Read from upstream's log, the same steps `pauses` counts."""
+    first: dict[int, int] = {}
+    entries: list[set[int]] = []
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            entries.append(set())
+        elif t.kind == "entry" and first.get(t.slot) == t.task and entries:
+            entries[-1].add(t.slot)
+    events = sorted((p.step, p.slot) for v in pauses(run).values() for p in v if p.step >= 0)
+    parked_at: dict[int, set[int]] = {}
+    for step, slot in events:
+        parked_at.setdefault(step, set()).add(slot)
+    count: dict[int, int] = {}
+    out = []
+    for step, slot in events:
+        rivals = tuple((s, count.get(s, 0)) for s in sorted(entries[step] if step < len(entries) else ())
+                       if s != slot and s not in parked_at[step])
+        out.append(Park(slot, step, count.get(slot, 0), rivals))
+        count[slot] = count.get(slot, 0) + 1
+    return tuple(out)

@@ -74,9 +74,10 @@ Say = Callable[[str], None]
 
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None, policy: str = "largest",
           base: Run | None = None, expect: str = "eviction", base_reference: bool = False,
-          witness: bool = False) -> compare.Verdict:
+          witness: bool = False, park_bound: int = 0) -> compare.Verdict:
     """Measure the run once, then judge the measurement (compare.py never measures)."""
-    return compare.judge(measure.measure(run, wl, policy), side, index, control, base, expect, base_reference, witness)
+    return compare.judge(measure.measure(run, wl, policy), side, index, control, base, expect, base_reference, witness,
+                         park_bound)
 
 
 def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, workloads: list[Workload], *,
@@ -173,7 +174,9 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                 # patchkit's own eviction logs one line per eviction: its witness must be readable
                 verdicts.append(judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
                                       expect=applied, base_reference=base_reference,
-                                      witness=evicting_patch and patch_expect == "eviction"))
+                                      witness=evicting_patch and patch_expect == "eviction",
+                                      park_bound=measure.PARK_BOUND if evicting_patch and patch_expect == "preemption"
+                                      else 0))
         side_by_side = (upstream_unified.compare_runs(wl, tuple(base_runs), tuple(cand_runs), tuple(verdicts), policy)
                         if wl.name == upstream_unified.WORKLOAD and applied == "eviction" and not base_reference
                         else None)

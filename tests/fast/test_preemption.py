@@ -272,3 +272,11 @@ def test_the_referee_summary_gives_median_and_range_and_the_pr_comment_reproduce
     assert "| park:smallest | 12/12 | 0.210 (0.200-0.250) |" in comment
     assert "```\npatchkit referee --repeat 3\n```" in comment and "Ranking: park:smallest is measurably fastest" in comment
     assert "wall s | slowest request s | aggregate tok/s | parks per round" in referee.markdown(t)
+
+
+def test_the_park_bound_judged_is_the_one_the_families_render():
+    """compare's parks-bounded judges patchkit's own series by measure.PARK_BOUND: the number the
+    park templates pass over a task at."""
+    for fam in ("park-slot", "recompute-slot", "hybrid-slot", "recompute-prefill-slot"):
+        text = (patch.load_patch(fam).root / "helper.cpp.j2").read_text()
+        assert f"n_parks_of_task[s->task->id] < {measure.PARK_BOUND})" in text, fam
