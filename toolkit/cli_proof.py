@@ -119,10 +119,12 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
 @click.option("--base", "base_ref", default=None, help="The unpatched base (default: HEAD; the baseline tag on the "
               "fetched tree).")
 @click.option("--strategy", "strategies", multiple=True, help="STRATEGY[:POLICY], repeatable: base, terminate, park "
-              "(swap to host memory), recompute; policies largest, smallest, newest, not-leader-smallest. Default: "
-              "base, terminate:largest, park:largest|smallest|not-leader-smallest, recompute:largest|smallest.")
+              "(swap to host memory), recompute, hybrid (swap within LLAMA_ARG_PREEMPT_RAM, else recompute), "
+              "recompute-prefill; policies largest, smallest, newest, not-leader-smallest. Default: base, "
+              "terminate:largest, park:largest|smallest|not-leader-smallest, recompute:largest|smallest, hybrid:largest.")
 @click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
-              "overflow-4, staggered, overflow-8, staggered-8: 4 and 8 chats, together and staggered).")
+              "overflow-4, staggered, overflow-8, staggered-8: 4 and 8 chats, together and staggered; many-resumes-8: "
+              "seconds of parks and resumes).")
 @model_option("Serve this model for every workload (e.g. smollm2).")
 @click.option("--candidate", "cand_refs", multiple=True, metavar="REF", help="Also a row for this ref of --repo "
               "(a fork's PR branch), repeatable: judged by what it measurably does (it parks -> the preemption "

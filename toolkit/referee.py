@@ -38,8 +38,9 @@ def strategies() -> dict[str, tuple[str | None, str]]:
 
 
 DEFAULT = ("base", "terminate:largest", "park:largest", "park:smallest", "park:not-leader-smallest",
-           "recompute:largest", "recompute:smallest")
-DEFAULT_WORKLOADS = ("overflow-4", "staggered", "overflow-8", "staggered-8")
+           "recompute:largest", "recompute:smallest", "hybrid:largest")
+# many-resumes-8 runs for seconds, not a fraction of one: a makespan there is not start-up noise
+DEFAULT_WORKLOADS = ("overflow-4", "staggered", "overflow-8", "staggered-8", "many-resumes-8")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,103 @@
+"""Issue 28: patchkit's park and recompute hold at the edge, and right patches by other designs pass.
+
+- park-whole-pool: a slot parked holding more than the pool less a running slot's headroom comes
+  back once it is alone (the resume asked for that headroom always: it never came back);
+- many-resumes-8: requests parked again and again (18 parks per run by the park rules), every
+  resume judged exact, and a request parked 3 times passed over while another can go;
+- hybrid-slot: swap within a budget of parked bytes, recompute above it (LLAMA_ARG_PREEMPT_RAM=0:
+  every park recomputed);
+- recompute-prefill-slot: the pending sampled token re-prefilled with the history, its successor
+  sampled on resume (one cell more than at the park): a right design that must pass.
+Each broken variant is killed by the check written for it, for its reason."""
+import git
+import pytest
+
+from toolkit import apply, build, measure, mutate, source, verify, workload
+from toolkit.ui import UI
+
+POOL = 1024  # park-whole-pool's -c
+HEADROOM = 16
+
+
+def judge(tree, tmp_path, patch_name, names, env=None):
+    repo = git.Repo(tree.path)
+    if env is None:
+        return verify.verify(repo, base_ref=source.BASELINE_TAG, patch_name=patch_name,
+                             workloads=[workload.load(n) for n in names], out_dir=tmp_path, ui=UI(quiet=True))
+    base = source.resolve(repo, source.BASELINE_TAG)
+    cand, _ = apply.candidate_commit(repo, base, patch_name)
+    return verify.run_suite(repo, base, cand, [workload.load(n) for n in names], work_dir=tmp_path,
+                            candidate_label=f"patch {patch_name}", evicting_patch=True, patch_expect="preemption",
+                            candidate_env=env, say=lambda s: None)
+
+
+def failures(res):
+    return [(v.workload, c.name, c.detail) for r in res.results for v in r.verdicts for c in v.checks
+            if c.status == "fail"]
+
+
+def checks(wr):
+    return {c.name: c for v in wr.verdicts if v.side == "candidate" for c in v.checks}
+
+
+def broken(c2, tmp_path, patch_name, variant, wl):
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    right, an = apply.candidate_commit(repo, base, patch_name)
+    res = mutate.run_mutant(repo, base, variant, mutate.catalog(patch_name)[variant], [workload.load(wl)], repeat=1,
+                            right_tree=repo.commit(right).tree, layout=an.facts.layout, opts=build.Options(),
+                            out_dir=tmp_path, reuse={}, say=lambda s: None, progress=lambda s: None,
+                            patch_name=patch_name, judges=("suite",))
+    assert res.status == "killed", res
+    return {k.check: k.reason for k in res.kills}
+
+
+@pytest.mark.parametrize("family", ["park-slot", "recompute-slot", "hybrid-slot"])
+def test_a_slot_parked_holding_nearly_the_whole_pool_comes_back_alone(c2, c2_base, tmp_path, family):
+    res = judge(c2, tmp_path, family, ["park-whole-pool"])
+    assert res.expect == "preemption" and res.ok, failures(res)
+    wr = res.results[0]
+    assert all(o.outcome == "errored" for o in wr.base[0].outcomes)            # the bug, on the base
+    ps = measure.pauses(wr.candidate[0])
+    assert list(ps) == [0] and ps[0][0].resumed, ps
+    assert ps[0][0].cells_before > POOL - HEADROOM, ps                          # the edge was reached
+    assert all(o.outcome == "completed" for o in wr.candidate[0].outcomes)
+
+
+@pytest.mark.parametrize("family", ["park-slot", "recompute-slot"])
+def test_a_resume_that_always_asks_for_headroom_never_comes_back(c2, c2_base, tmp_path, family):
+    k = broken(c2, tmp_path, family, "headroom-when-alone", "park-whole-pool")
+    assert "slot 0 paused at token" in k["waits-bounded"] and "never resumed" in k["waits-bounded"], k
+
+
+def test_many_resumes_are_each_judged_and_the_starvation_bound_holds(c2, c2_base, tmp_path):
+    res = judge(c2, tmp_path, "park-slot", ["many-resumes-8"])
+    assert res.ok, failures(res)
+    c = checks(res.results[0])
+    n = int(c["streams-exact"].detail.split(": ")[-1].split()[0])
+    assert n >= 12, c["streams-exact"].detail                                   # 18 by the park rules' arithmetic
+    assert c["parks-bounded"].status == "pass" and "most parks of one request: 3" in c["parks-bounded"].detail
+
+
+def test_a_park_without_a_starvation_bound_is_caught_by_that_check_alone(c2, c2_base, tmp_path):
+    k = broken(c2, tmp_path, "park-slot", "parks-unbounded", "many-resumes-8")
+    assert list(k) == ["parks-bounded"], k                                       # every request still completes, exact
+    assert "parked a 4th time" in k["parks-bounded"], k
+
+
+def test_hybrid_above_its_budget_recomputes_and_keeps_every_promise(c2, c2_base, tmp_path):
+    """LLAMA_ARG_PREEMPT_RAM=0: no byte may stay in host memory, so every park is recomputed."""
+    res = judge(c2, tmp_path, "hybrid-slot", ["overflow-4", "park-whole-pool"], env={"LLAMA_ARG_PREEMPT_RAM": "0"})
+    assert res.ok, failures(res)
+    assert all(measure.parks(wr.candidate[0]) for wr in res.results)
+
+
+def test_a_recompute_that_prefills_its_pending_token_passes(c2, c2_base, tmp_path):
+    """The fork's design: it comes back holding one cell more than at the park (the pending token,
+    decoded with the history), and every stream is still exact. The check judges that property."""
+    res = judge(c2, tmp_path, "recompute-prefill-slot", ["overflow-4", "preempt-penalty-4"])
+    assert res.ok, failures(res)
+    for wr in res.results:
+        ps = [p for v in measure.pauses(wr.candidate[0]).values() for p in v]
+        assert ps and all(p.resumed and p.cells == p.cells_before + 1 for p in ps), ps
+        assert checks(wr)["resumes-where-paused"].status == "pass"
