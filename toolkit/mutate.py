@@ -105,7 +105,7 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
         try:
             res = verify_mod.run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / name,
                                        opts=opts, candidate_label=f"mutant {name}", layout=layout,
-                                       expect=expect, evicting_patch=True,
+                                       expect=expect, evicting_patch=True, patch_expect=expect,
                                        reuse=reuse, say=say, progress=progress)
         except BuildError as e:
             return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
