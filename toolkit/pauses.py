@@ -42,8 +42,11 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
         elif t.kind == "entry" and first.get(t.slot) == t.task and step >= 0:
             busy[step] = True
             seen.setdefault(t.slot, []).append([step, t.value, 0])
-        elif t.kind == "token" and first.get(t.slot) == t.task and seen.get(t.slot):
-            seen[t.slot][-1][2] = 1  # a sample followed: the entry was decoded (one cell more)
+        elif t.kind == "token" and first.get(t.slot) == t.task and seen.get(t.slot) and seen[t.slot][-1][0] == step:
+            # a sample in the entry's own step: the entry was decoded (one cell more). A sample in a later
+            # step, before the slot's next entry, is a resume's own (a recompute that decoded the pending
+            # token with the history samples its successor there): the entry itself was taken out undecoded
+            seen[t.slot][-1][2] = 1
     outs = {o.slot: o for o in run.outcomes}
     out: dict[int, tuple[Pause, ...]] = {}
     for slot, entries in seen.items():
