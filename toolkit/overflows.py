@@ -210,6 +210,15 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
     gone: set[int] = set()
     removed: dict[int, list[int]] = {}
     chunk_cut: dict[int, int] = {}   # per step: prompt-chunk entries an earlier surgery took out
+    # per index: the last step marker at or before it, and the last batch entry at or before it
+    # (one pass: finding them per error by scanning back was quadratic in a long log)
+    last_step, last_entry = [], []
+    ls = le = -1
+    for k, x in enumerate(tr):
+        ls = k if x.kind == "step" else ls
+        le = k if x.kind == "entry" else le
+        last_step.append(ls)
+        last_entry.append(le)
     i = 0
     while i < len(tr):
         t = tr[i]
@@ -221,8 +230,9 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             if tr[j].kind == "error" and tr[j].text == EXCEEDED and slot_of.get(tr[j].task) in outs:
                 group.append(slot_of[tr[j].task])
             j += 1
-        step = max((k for k in range(i) if tr[k].kind == "step" and any(
-            x.kind == "entry" for x in tr[k:i])), default=-1)
+        # the step the failing batch was built in: the last marker before the last entry before the error
+        e = last_entry[i - 1] if i > 0 else -1
+        step = last_step[e] if e >= 0 else -1
         every = [x for x in tr[step:i] if x.kind == "entry" and x.slot in outs] if step >= 0 else []
         size = next((x.value for x in tr[step:i] if x.kind == "batch"), len(every)) if step >= 0 else 0
         cut = removed.get(step, [])

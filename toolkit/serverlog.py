@@ -105,12 +105,16 @@ def late_entries(run: Run) -> list[str]:
         if t.kind == "launch" and t.slot in slots:
             first.setdefault(t.slot, t.task)
     tasks = set(first.values())
-    problems = []
-    for k, t in enumerate(run.trace):
+    after: dict[int, int] = {}  # task -> entries after its first context error (one pass over the log)
+    for t in run.trace:
         if t.kind == "error" and t.text == EXCEEDED and t.task in tasks:
-            after = sum(1 for x in run.trace[k + 1:] if x.kind == "entry" and x.task == t.task)
-            if after:
-                slot = next(s for s, task in first.items() if task == t.task)
-                problems.append(f"slot {slot} (task {t.task}) had {after} batch entr{'y' if after == 1 else 'ies'} "
-                                "after it was sent the error: it went on generating for nobody")
+            after.setdefault(t.task, 0)
+        elif t.kind == "entry" and t.task in after:
+            after[t.task] += 1
+    problems = []
+    for task, n in after.items():
+        if n:
+            slot = next(s for s, x in first.items() if x == task)
+            problems.append(f"slot {slot} (task {task}) had {n} batch entr{'y' if n == 1 else 'ies'} "
+                            "after it was sent the error: it went on generating for nobody")
     return problems
