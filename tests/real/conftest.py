@@ -95,3 +95,20 @@ def commit_on(repo: git.Repo, parent: str, files: dict[str, str], msg: str) -> s
            "GIT_COMMITTER_EMAIL": "dev@example.com", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
            "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
     return repo.git.commit_tree(tree, "-p", parent, "-m", msg, env=who)
+
+
+def broken_variant(tree: source.Tree, tmp_path: Path, patch_name: str, variant: str, wl: str) -> dict[str, str]:
+    """A family's broken variant (patch.toml [variants.*]) built on `tree` (one TU on the shared base
+    build) and judged by the suite on workload `wl` with that family's own promises: {check: reason}
+    of every check that killed it. It must be killed."""
+    from toolkit import apply, mutate, workload
+
+    repo = git.Repo(tree.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    right, an = apply.candidate_commit(repo, base, patch_name)
+    res = mutate.run_mutant(repo, base, variant, mutate.catalog(patch_name)[variant], [workload.load(wl)], repeat=1,
+                            right_tree=repo.commit(right).tree, layout=an.facts.layout, opts=build.Options(),
+                            out_dir=tmp_path, reuse={}, say=lambda s: None, progress=lambda s: None,
+                            patch_name=patch_name, judges=("suite",))
+    assert res.status == "killed", res
+    return {k.check: k.reason for k in res.kills}

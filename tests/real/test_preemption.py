@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import git
 import pytest
 
-from toolkit import apply, build, measure, mutate, source, verify, workload
+from toolkit import apply, measure, source, verify, workload
 from toolkit.ui import UI
 
-from .conftest import clone, snapshot
+from .conftest import broken_variant, clone, snapshot
 
 
 def judge(tree, tmp_path, patch_name, names, policy="largest"):
@@ -53,15 +53,7 @@ def test_recompute_resumes_exactly_on_the_tiny_model(trees, tmp_path, version):
 
 
 def broken(c2, tmp_path, patch_name, variant, wl):
-    repo = git.Repo(c2.path)
-    base = source.resolve(repo, source.BASELINE_TAG)
-    right, an = apply.candidate_commit(repo, base, patch_name)
-    res = mutate.run_mutant(repo, base, variant, mutate.catalog(patch_name)[variant], [workload.load(wl)], repeat=1,
-                            right_tree=repo.commit(right).tree, layout=an.facts.layout, opts=build.Options(),
-                            out_dir=tmp_path, reuse={}, say=lambda s: None, progress=lambda s: None,
-                            patch_name=patch_name, judges=("suite",))
-    assert res.status == "killed", res
-    return {k.check: k.reason for k in res.kills}
+    return broken_variant(c2, tmp_path, patch_name, variant, wl)
 
 
 def test_resuming_one_position_back_is_refused_by_the_servers_own_batch_check(c2, c2_base, tmp_path):

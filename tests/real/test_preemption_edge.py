@@ -12,8 +12,10 @@ Each broken variant is killed by the check written for it, for its reason."""
 import git
 import pytest
 
-from toolkit import apply, build, measure, mutate, source, verify, workload
+from toolkit import apply, measure, source, verify, workload
 from toolkit.ui import UI
+
+from .conftest import broken_variant
 
 POOL = 1024  # park-whole-pool's -c
 HEADROOM = 16
@@ -41,15 +43,7 @@ def checks(wr):
 
 
 def broken(c2, tmp_path, patch_name, variant, wl):
-    repo = git.Repo(c2.path)
-    base = source.resolve(repo, source.BASELINE_TAG)
-    right, an = apply.candidate_commit(repo, base, patch_name)
-    res = mutate.run_mutant(repo, base, variant, mutate.catalog(patch_name)[variant], [workload.load(wl)], repeat=1,
-                            right_tree=repo.commit(right).tree, layout=an.facts.layout, opts=build.Options(),
-                            out_dir=tmp_path, reuse={}, say=lambda s: None, progress=lambda s: None,
-                            patch_name=patch_name, judges=("suite",))
-    assert res.status == "killed", res
-    return {k.check: k.reason for k in res.kills}
+    return broken_variant(c2, tmp_path, patch_name, variant, wl)
 
 
 @pytest.mark.parametrize("family", ["park-slot", "recompute-slot", "hybrid-slot"])
