@@ -241,7 +241,8 @@ REAL_SUITE = ["text-overflow-4"]
 # reaches a shape of the failure point (coverage.py) is here: a default PASS is the proof.
 SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle",
          "victim-decoded", "cells-not-prompt", "two-overflows", "two-slots", "prompt-victim", "prompt-survivor",
-         "stateful-4", "swa-overflow-4", "hybrid-overflow-4", "fits", "single-slot"]
+         "stateful-4", "swa-overflow-4", "hybrid-overflow-4", "fits", "single-slot", "park-whole-pool",
+         "many-resumes-8"]
 
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,
