@@ -130,9 +130,14 @@ def summaries(t: Table) -> list[Summary]:
                            _spread([r.makespan_s for r in rs]), _spread([r.tok_s for r in rs]),
                            _spread([r.slowest_s for r in rs]), _spread([float(r.parks) for r in rs]),
                            f"{sum(r.verdict == 'PASS' for r in judged)}/{len(judged)} PASS" if judged else "-",
-                           f"{sum(r.exact.split(' ')[0].split('/')[0] == r.exact.split(' ')[0].split('/')[-1] for r in rs)}"
-                           f"/{len(rs)}" if rs[0].exact != "-" else "-"))
+                           f"{sum(map(_exact, rs))}/{len(rs)}" if rs[0].exact != "-" else "-"))
     return out
+
+
+def _exact(r: Row) -> bool:
+    """Did every stream of the run equal its control ("4/4", not "3/4 (slot 2 from token 9)")?"""
+    equal, _, total = r.exact.split(" ")[0].partition("/")
+    return equal == total
 
 
 def ranking(t: Table, workload: str) -> str:
