@@ -58,9 +58,10 @@ def test_a_slot_parked_holding_nearly_the_whole_pool_comes_back_alone(c2, c2_bas
     assert all(o.outcome == "completed" for o in wr.candidate[0].outcomes)
 
 
-@pytest.mark.parametrize("family", ["park-slot", "recompute-slot"])
-def test_a_resume_that_always_asks_for_headroom_never_comes_back(c2, c2_base, tmp_path, family):
-    k = broken(c2, tmp_path, family, "headroom-when-alone", "park-whole-pool")
+def test_a_resume_that_always_asks_for_headroom_never_comes_back(c2, c2_base, tmp_path):
+    """park-slot's variant (recompute-slot's, the same edit, is caught the same way: docs/commands.md;
+    one TU fewer in CI)."""
+    k = broken(c2, tmp_path, "park-slot", "headroom-when-alone", "park-whole-pool")
     assert "slot 0 paused at token" in k["waits-bounded"] and "never resumed" in k["waits-bounded"], k
 
 
