@@ -43,9 +43,12 @@ from .ui import UI, help_list
 @click.option("--seed", default=0, show_default=True, help="With --sample: the sample's seed.")
 @click.option("--shard", "shard", default="1/1", show_default=True, help="With --operators: K/N, this job's share "
               "(every N-th mutant from the K-th) of a campaign split over a CI matrix.")
+@click.option("--merge", "merge_dirs", multiple=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Join the shards of one --operators campaign: each a report dir holding its operators.json "
+              "(repeatable). Writes the merged operators.json to --report-dir; builds and runs nothing.")
 @click.option("--json", "as_json", is_flag=True)
 def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir, list_only, operators, sample_n,
-                seed, shard, as_json) -> None:
+                seed, shard, merge_dirs, as_json) -> None:
     """Run the mutation campaign: how many wrong patches does the verdict kill?
 
     Each mutant is the rendered eviction patch with one edit (a wrong victim
@@ -62,6 +65,8 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
       patchkit mutants                                   # default tree, whole catalog
       patchkit mutants --repo T --mutant victim-by-prompt --mutant entries-kept --json
       patchkit mutants --patch park-slot --repeat 3       # the preemption patch's broken variants
+      patchkit mutants --operators --shard 2/4 --report-dir s2   # one job of a CI matrix ...
+      patchkit mutants --merge s1 --merge s2 --merge s3 --merge s4 --report-dir all   # ... and the join
     """
     from dataclasses import asdict
 
@@ -72,6 +77,21 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
 
     patch_mod.load_patch(patch_name)  # an unknown name is refused with the known ones
     cat = mutate.catalog(patch_name)
+    if merge_dirs:
+        docs = []
+        for d in merge_dirs:
+            try:
+                docs.append(json.loads((d / "operators.json").read_text()))
+            except (OSError, json.JSONDecodeError) as e:
+                raise UsageError(f"{d / 'operators.json'}: not a readable operators.json ({e}); was "
+                                 f"`patchkit mutants --operators --report-dir {d}` run?")
+        camp = mutate.merge_operator_docs(docs)
+        out_dir = (report_dir or Path("patchkit-mutants")).resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        doc = mutate.operator_doc(camp)
+        (out_dir / "operators.json").write_text(json.dumps(doc, indent=2))
+        emit_json(doc) if as_json else click.echo(mutate.operator_table(camp))
+        sys.exit(0 if not camp.alive else 1)
     if list_only:
         for n, m in cat.items():
             click.echo(f"{n:22} {m.get('class', ''):18} killer {m.get('killer', '-'):24} {m.get('what', '')}")
@@ -93,10 +113,7 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
         camp = mutate.operator_campaign(r, base, wls, sample_n=sample_n, seed=seed, shard=(k, n),
                                         out_dir=out_dir / "logs", say=ui.say, progress=ui.progress,
                                         patch_name=patch_name)
-        doc = {"base": base, "schema_commit": camp.schema_commit, "generated": camp.generated,
-               "duplicates": camp.duplicates, "stillborn": list(camp.stillborn), "killed": camp.killed,
-               "alive": len(camp.alive), "schema_build_s": round(camp.schema_build_s, 1),
-               "seconds": round(camp.seconds, 1), "mutants": [asdict(x) for x in camp.results]}
+        doc = mutate.operator_doc(camp)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "operators.json").write_text(json.dumps(doc, indent=2))
         emit_json(doc) if as_json else click.echo(mutate.operator_table(camp))

@@ -309,6 +309,42 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
                             time.monotonic() - t0)
 
 
+def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
+    """The shards of one operator campaign (`mutants --operators --shard K/N`, each its operators.json)
+    joined into one: they must share the base and the schema (the same mutants, the same ids); each
+    mutant is judged by one shard. The campaign's time is the longest shard's (a matrix runs them side
+    by side)."""
+    from .errors import UsageError
+
+    if not docs:
+        raise UsageError("nothing to merge: give the report directories of the shards.")
+    keys = {(d["base"], d["schema_commit"], d["generated"], tuple(d["stillborn"])) for d in docs}
+    if len(keys) > 1:
+        raise UsageError("these operators.json are not shards of one campaign (their base, schema or mutants "
+                         f"differ: {sorted({k[1][:12] for k in keys})}); merge the shards of one `--operators` run.")
+    results: dict[int, OperatorResult] = {}
+    for d in docs:
+        for m in d["mutants"]:
+            r = OperatorResult(**m)
+            if r.id in results and results[r.id] != r:
+                raise UsageError(f"mutant #{r.id} was judged by two shards with different results; were the "
+                                 "shards given the same --shard twice?")
+            results[r.id] = r
+    d0 = docs[0]
+    return OperatorCampaign(d0["base"], d0["schema_commit"], d0["generated"], d0["duplicates"], tuple(d0["stillborn"]),
+                            tuple(results[k] for k in sorted(results)), max(d["schema_build_s"] for d in docs),
+                            max(d["seconds"] for d in docs))
+
+
+def operator_doc(c: OperatorCampaign) -> dict:
+    """operators.json: everything `merge_operator_docs` needs, and the counts a reader wants."""
+    from dataclasses import asdict
+    return {"base": c.base, "schema_commit": c.schema_commit, "generated": c.generated, "duplicates": c.duplicates,
+            "stillborn": list(c.stillborn), "killed": c.killed, "alive": len(c.alive),
+            "schema_build_s": round(c.schema_build_s, 1), "seconds": round(c.seconds, 1),
+            "mutants": [asdict(x) for x in c.results]}
+
+
 def operator_table(c: OperatorCampaign) -> str:
     judged = [r for r in c.results if r.status != "equivalent"]
     by: dict[str, int] = {}

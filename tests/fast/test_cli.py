@@ -100,3 +100,37 @@ def test_the_candidate_options_are_one_definition(cmd):
     r = CliRunner().invoke(cli, [*cmd, "--repo", ".", "--candidate", "a", "--commit", "b"], standalone_mode=False)
     assert isinstance(r.exception, cli_options.UsageError)
     assert str(r.exception) == "give at most one of --candidate, --patch, --patch-file, --commit."
+
+
+def test_mutants_merge_joins_the_shards_of_one_campaign_and_refuses_others(tmp_path):
+    """`mutants --merge`: pure data, no build. The shards' operators.json (as `--operators --shard K/N`
+    writes them) join into one table; shards of another schema are refused with exit 2."""
+    import json
+
+    from click.testing import CliRunner
+
+    from toolkit.cli import cli
+
+    def mutant(i, status):
+        return {"id": i, "line": 10 + i, "operator": "ROR", "original": "<", "mutated": "<=", "context": f"x{i}",
+                "status": status, "check": "integrity" if status == "killed" else "", "where": "overflow-4 run 1",
+                "reason": "r", "seconds": 1.0}
+
+    def shard(name, schema, mutants):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "operators.json").write_text(json.dumps({
+            "base": "b" * 40, "schema_commit": schema, "generated": 4, "duplicates": 0, "stillborn": [],
+            "killed": 0, "alive": 0, "schema_build_s": 20.0, "seconds": 30.0 + len(mutants), "mutants": mutants}))
+        return str(d)
+
+    a = shard("s1", "s" * 40, [mutant(1, "killed"), mutant(3, "killed")])
+    b = shard("s2", "s" * 40, [mutant(2, "killed"), mutant(4, "ALIVE")])
+    r = CliRunner().invoke(cli, ["mutants", "--merge", a, "--merge", b, "--report-dir", str(tmp_path / "all"), "--json"])
+    doc = json.loads(r.output)
+    assert r.exit_code == 1 and [m["id"] for m in doc["mutants"]] == [1, 2, 3, 4]   # one ALIVE: exit 1
+    assert (doc["killed"], doc["alive"], doc["seconds"]) == (3, 1, 32.0)            # the longest shard's time
+    assert json.loads((tmp_path / "all" / "operators.json").read_text()) == doc
+    other = shard("s3", "t" * 40, [mutant(5, "killed")])
+    r = CliRunner().invoke(cli, ["mutants", "--merge", a, "--merge", other], standalone_mode=False)
+    assert "not shards of one campaign" in str(r.exception)

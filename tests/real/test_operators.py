@@ -31,3 +31,14 @@ def test_a_seeded_sample_of_operator_mutants_is_killed_or_argued(c2, c2_base, tm
                            "--report-dir", str(tmp_path / "s2"), "--json"], capture_output=True, text=True)
     ids2 = {m["id"] for m in json.loads(res2.stdout)["mutants"]}
     assert ids2 and ids2 < {m["id"] for m in doc["mutants"]}
+    # plan -> shards -> merge: shard 1/2 too, then the join holds every mutant of the sample once
+    res1 = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--operators",
+                           "--sample", "10", "--seed", "26", "--shard", "1/2", "--workload", "overflow-4",
+                           "--report-dir", str(tmp_path / "s1"), "--json"], capture_output=True, text=True)
+    merged = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--merge", str(tmp_path / "s1"), "--merge",
+                             str(tmp_path / "s2"), "--report-dir", str(tmp_path / "all"), "--json"],
+                            capture_output=True, text=True)
+    mdoc = json.loads(merged.stdout)
+    assert sorted(m["id"] for m in mdoc["mutants"]) == sorted(m["id"] for m in doc["mutants"]), res1.stderr[-500:]
+    assert (mdoc["generated"], mdoc["schema_commit"]) == (doc["generated"], doc["schema_commit"])
+    assert merged.returncode == (1 if mdoc["alive"] else 0)
