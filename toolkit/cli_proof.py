@@ -199,7 +199,7 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, ca
     wls = [workload.load(w) for w in (workloads or ref_mod.DEFAULT_WORKLOADS)]
     out_dir = report_dir.resolve()
     command = "patchkit referee " + shlex.join(
-        ["--repo", repo or "<the fetched tree>", "--base", base, *(a for e in entries for a in ("--strategy", e.label)),
+        [*(("--repo", repo) if repo else ()), "--base", base, *(a for e in entries for a in ("--strategy", e.label)),
          *(a for w in wls for a in ("--workload", w.name)), *(("--model", model_name) if model_name else ()),
          *(a for ref in cand_refs for a in ("--candidate", ref)), *(a for x in cand_envs for a in ("--candidate-env", x)),
          *(a for x in cand_args for a in ("--candidate-args", x)), "--repeat", str(repeat)])

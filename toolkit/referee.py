@@ -145,11 +145,16 @@ def ranking(t: Table, workload: str) -> str:
     fastest by median is named when its every run beat every run of each other strategy that passed
     its own expectations (and that p is at most ALPHA); otherwise the ones it cannot be told from."""
     rows = [r for r in t.rows if r.workload == workload and r.verdict == "PASS"]
+    # a strategy that fails requests finishes sooner by doing less: only those that complete every
+    # request in every run are raced against each other
+    short = sorted({r.entry for r in rows if r.completed < r.total})
     by: dict[str, list[float]] = {}
     for r in rows:
-        by.setdefault(r.entry, []).append(r.makespan_s)
+        if r.entry not in short:
+            by.setdefault(r.entry, []).append(r.makespan_s)
+    left_out = f" (not raced, they fail requests by design: {', '.join(short)})" if short else ""
     if len(by) < 2:
-        return "fewer than two passing strategies: nothing to rank"
+        return "fewer than two passing strategies that complete every request: nothing to rank" + left_out
     import statistics
     order = sorted(by, key=lambda e: statistics.median(by[e]))
     best = order[0]
@@ -157,11 +162,11 @@ def ranking(t: Table, workload: str) -> str:
     p = max(u_zero_p(len(by[best]), len(by[e])) for e in order[1:])
     if not ties:
         return (f"{best} is measurably fastest: every one of its {len(by[best])} run(s) ended before every run of "
-                f"each other passing strategy (rank test U = 0, p <= {p:.3f})")
+                f"each other passing strategy (rank test U = 0, p <= {p:.3f})" + left_out)
     return (f"no measurable difference between {best} and {', '.join(ties)} (makespan ranges overlap, or too few "
             f"runs: U = 0 needs p = 1/C(n+m, n) <= {ALPHA}, i.e. 3 runs each)"
             + (f"; measurably behind {best}: {', '.join(e for e in order[1:] if e not in ties)}"
-               if len(ties) < len(order) - 1 else ""))
+               if len(ties) < len(order) - 1 else "") + left_out)
 
 
 def parse(entries: tuple[str, ...]) -> list[Entry]:

@@ -280,3 +280,15 @@ def test_the_park_bound_judged_is_the_one_the_families_render():
     for fam in ("park-slot", "recompute-slot", "hybrid-slot", "recompute-prefill-slot"):
         text = (patch.load_patch(fam).root / "helper.cpp.j2").read_text()
         assert f"n_parks_of_task[s->task->id] < {measure.PARK_BOUND})" in text, fam
+
+
+def test_a_strategy_that_fails_requests_is_not_raced():
+    """terminate finishes sooner by terminating a request: it is named as left out, never as fastest."""
+    t = _table({"park:smallest": [0.30, 0.31, 0.32], "park:largest": [0.40, 0.41, 0.42]})
+    fast_but_short = tuple(referee.Row("terminate:largest", "overflow-4", 3, 4, 0, m, 1000 / m, m, 0, 0, 0.0, 0, "4/4",
+                                       "PASS", "eviction", (), k) for k, m in enumerate([0.1, 0.1, 0.1], 1))
+    from dataclasses import replace as dc_replace
+    t = dc_replace(t, rows=t.rows + fast_but_short)
+    rank = referee.ranking(t, "overflow-4")
+    assert rank.startswith("park:smallest is measurably fastest"), rank
+    assert rank.endswith("(not raced, they fail requests by design: terminate:largest)"), rank
