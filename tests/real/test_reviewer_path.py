@@ -34,9 +34,11 @@ def run_script(script: Path, tmp_path: Path, name: str) -> subprocess.CompletedP
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=1800)
 
 
-def llama_servers() -> list[str]:
-    out = subprocess.run(["pgrep", "-a", "llama-server"], capture_output=True, text=True).stdout
-    return out.splitlines()
+def llama_servers() -> set[int]:
+    """This session's servers only (the repro script's env keeps the session marker): another
+    patchkit run on the machine, a referee beside the tests, is not ours to count."""
+    from tests.conftest import _llama_servers
+    return _llama_servers()
 
 
 def own_change(c2, c2_patched, tmp_path) -> tuple[git.Repo, str]:
