@@ -7,7 +7,7 @@ its reason:
   decodes, the decode steps, a terminated task still decoding);
 - overflows.py: every overflow of the pool (who was in play, their cells, the offset, the
   policy's victim), from the client's records or the log; the shapes a workload is designed for;
-- pauses.py: every pause of a preempted request, and parks that freed nothing.
+- pauses.py: every pause of a preempted request, parks that freed nothing, the parks' order.
 This module's names are re-exported from those, so `measure.X` stays the measuring stage's one
 door for the report, the referee and the tests.
 """
@@ -22,10 +22,11 @@ from .record import Run
 from .serverlog import EXCEEDED, late_entries, sampling_problems, steps, trace_problems
 from .workload import Workload
 
-__all__ = ["Measured", "measure", "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts",
-           "first_group_offsets", "offset", "overflows", "prompt_not_largest", "shape", "shift_exercised", "PARK_BOUND", "Park", "Pause", "parks_in_order",
-           "parks", "pauses", "unfreed_parks", "word", "EXCEEDED", "late_entries", "sampling_problems", "steps",
-           "trace_problems"]
+__all__ = ["Measured", "measure",
+           "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts", "first_group_offsets", "offset",
+           "overflows", "prompt_not_largest", "shape", "shift_exercised",
+           "PARK_BOUND", "Park", "Pause", "parks", "parks_in_order", "pauses", "unfreed_parks", "word",
+           "EXCEEDED", "late_entries", "sampling_problems", "steps", "trace_problems"]
 
 
 @dataclass(frozen=True)
