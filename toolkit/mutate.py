@@ -193,6 +193,7 @@ class OperatorResult:
 class OperatorCampaign:
     base: str
     schema_commit: str
+    schema_tree: str            # the schema's content: every shard writes its own commit of the same tree
     generated: int              # mutants made by the operators, duplicates included
     duplicates: int
     stillborn: tuple[int, ...]  # ids whose switch did not compile
@@ -305,8 +306,8 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
             + (f" by {killed.check} ({killed.where})" if killed.check else ""))
         results.append(killed)
     # (the schema with no mutant selected passed the suite: the campaign raises before judging otherwise)
-    return OperatorCampaign(base, sha, generated, schema.duplicates, tuple(sorted(dead)), tuple(results), build_s,
-                            time.monotonic() - t0)
+    return OperatorCampaign(base, sha, repo.commit(sha).tree.hexsha, generated, schema.duplicates, tuple(sorted(dead)),
+                            tuple(results), build_s, time.monotonic() - t0)
 
 
 def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
@@ -318,7 +319,8 @@ def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
 
     if not docs:
         raise UsageError("nothing to merge: give the report directories of the shards.")
-    keys = {(d["base"], d["schema_commit"], d["generated"], tuple(d["stillborn"])) for d in docs}
+    # a shard's schema commit is its own (its time); the schema's tree is the campaign's
+    keys = {(d["base"], d["schema_tree"], d["generated"], tuple(d["stillborn"])) for d in docs}
     if len(keys) > 1:
         raise UsageError("these operators.json are not shards of one campaign (their base, schema or mutants "
                          f"differ: {sorted({k[1][:12] for k in keys})}); merge the shards of one `--operators` run.")
@@ -331,7 +333,8 @@ def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
                                  "shards given the same --shard twice?")
             results[r.id] = r
     d0 = docs[0]
-    return OperatorCampaign(d0["base"], d0["schema_commit"], d0["generated"], d0["duplicates"], tuple(d0["stillborn"]),
+    return OperatorCampaign(d0["base"], d0["schema_commit"], d0["schema_tree"], d0["generated"], d0["duplicates"],
+                            tuple(d0["stillborn"]),
                             tuple(results[k] for k in sorted(results)), max(d["schema_build_s"] for d in docs),
                             max(d["seconds"] for d in docs))
 
@@ -339,7 +342,8 @@ def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
 def operator_doc(c: OperatorCampaign) -> dict:
     """operators.json: everything `merge_operator_docs` needs, and the counts a reader wants."""
     from dataclasses import asdict
-    return {"base": c.base, "schema_commit": c.schema_commit, "generated": c.generated, "duplicates": c.duplicates,
+    return {"base": c.base, "schema_commit": c.schema_commit, "schema_tree": c.schema_tree, "generated": c.generated,
+            "duplicates": c.duplicates,
             "stillborn": list(c.stillborn), "killed": c.killed, "alive": len(c.alive),
             "schema_build_s": round(c.schema_build_s, 1), "seconds": round(c.seconds, 1),
             "mutants": [asdict(x) for x in c.results]}

@@ -120,7 +120,7 @@ def test_mutants_merge_joins_the_shards_of_one_campaign_and_refuses_others(tmp_p
         d = tmp_path / name
         d.mkdir()
         (d / "operators.json").write_text(json.dumps({
-            "base": "b" * 40, "schema_commit": schema, "generated": 4, "duplicates": 0, "stillborn": [],
+            "base": "b" * 40, "schema_commit": "c" * 40, "schema_tree": schema, "generated": 4, "duplicates": 0, "stillborn": [],
             "killed": 0, "alive": 0, "schema_build_s": 20.0, "seconds": 30.0 + len(mutants), "mutants": mutants}))
         return str(d)
 

@@ -40,5 +40,5 @@ def test_a_seeded_sample_of_operator_mutants_is_killed_or_argued(c2, c2_base, tm
                             capture_output=True, text=True)
     mdoc = json.loads(merged.stdout)
     assert sorted(m["id"] for m in mdoc["mutants"]) == sorted(m["id"] for m in doc["mutants"]), res1.stderr[-500:]
-    assert (mdoc["generated"], mdoc["schema_commit"]) == (doc["generated"], doc["schema_commit"])
+    assert (mdoc["generated"], mdoc["schema_tree"]) == (doc["generated"], doc["schema_tree"])
     assert merged.returncode == (1 if mdoc["alive"] else 0)
