@@ -73,7 +73,8 @@ def test_many_resumes_are_each_judged_and_the_starvation_bound_holds(c2, c2_base
     c = checks(res.results[0])
     n = int(c["streams-exact"].detail.split(": ")[-1].split()[0])
     assert n >= 12, c["streams-exact"].detail                                   # 18 by the park rules' arithmetic
-    assert c["parks-bounded"].status == "pass" and "most parks of one request: 3" in c["parks-bounded"].detail
+    most = int(c["parks-bounded"].detail.rsplit("most parks of one request: ", 1)[1].rstrip(")"))
+    assert c["parks-bounded"].status == "pass" and 2 <= most <= 3, c["parks-bounded"].detail  # a request parked again
 
 
 def test_hybrid_above_its_budget_recomputes_and_keeps_every_promise(c2, c2_base, tmp_path):
