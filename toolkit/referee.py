@@ -173,9 +173,9 @@ def parse(entries: tuple[str, ...]) -> list[Entry]:
     from .errors import UsageError
 
     out = []
+    known = strategies()  # every family's patch.toml, read once
     for e in entries:
         strat, _, policy = e.partition(":")
-        known = strategies()
         if strat not in known:
             raise UsageError(f"unknown strategy '{strat}' in '{e}'; known: {', '.join(known)} "
                              "(each but base as STRATEGY:POLICY, e.g. park:smallest).")
@@ -245,8 +245,9 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
     builds: dict[str, float] = {}
     layout = None
     base_rows_done = False
+    known = strategies()  # every family's patch.toml, read once
     for entry in entries:
-        fam = strategies()[entry.strategy][0]
+        fam = known[entry.strategy][0]
         if fam is None:
             continue  # the base's rows come with the first candidate's shared runs
         spec = patch_mod.load_patch(fam)
