@@ -7,9 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # program -> Debian package; chromium renders report.html in the real tier (headless screenshot,
-# tests/real/test_report_html.py): only `test` needs it (132 packages), so `demo` does not install it
+# tests/real/test_report_html.py): only `test` needs it (132 packages), so `demo` does not install it;
+# clang and LLVM's opt measure the operator mutants' trivial compiler equivalence (toolkit/tce.py)
 pairs=(git:git cmake:cmake ninja:ninja-build gcc:gcc g++:g++ ccache:ccache)
-if [ "${1:-}" = test ]; then pairs+=(chromium:chromium); fi
+if [ "${1:-}" = test ]; then pairs+=(chromium:chromium clang++:clang opt:llvm llvm-extract:llvm); fi
 need=()
 for pair in "${pairs[@]}"; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")

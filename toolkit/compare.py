@@ -155,13 +155,18 @@ def one_victim(m: Measured, witness_expected: bool = False) -> list[Check]:
 
 
 def victim_stops(m: Measured) -> Check:
-    """A terminated request's task decodes nothing more (upstream's log: no batch entry of that task
-    after its error). A patch that sends the error but does not release the slot leaves it generating
-    into a closed stream: every outcome looks right, and the pool and the steps are spent on nobody."""
+    """A terminated request stops in the step that terminates it (upstream's log): its task decodes
+    nothing after its error, and its slot is released before the server's loop takes its next
+    tasks. A patch that sends the error but does not release the slot leaves it to the HTTP
+    layer's cancel, which the loop takes only between steps: every outcome looks right, the cancel
+    usually beats the next step, and the bug is a race the check must not wait for (section 11)."""
     if not m.run.trace:
         return Check("victim-stops", "skip", "the server printed no verbose log")
-    return _check("victim-stops", not m.late_entries, "; ".join(m.late_entries) if m.late_entries else
-                  "no terminated request's task decoded anything after its error (upstream's log)")
+    if m.not_stopped:
+        return _check("victim-stops", False, "; ".join(m.not_stopped))
+    return _check("victim-stops", True, "no terminated request's task decoded anything after its error"
+                  + (", and each was released in the step that sent it" if m.release_judged else
+                     " (when it was released is not judged: the log has no loop lines)") + " (upstream's log)")
 
 
 def witness(m: Measured, expected: bool = False) -> Check:

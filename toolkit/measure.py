@@ -4,7 +4,7 @@ compare.py judges a `Measured` and never measures: the same facts are derived on
 per victim policy), so two checks cannot derive them differently. The measuring itself lives by
 its reason:
 - serverlog.py: what upstream's verbose log says (the log against the streams, samples against
-  decodes, the decode steps, a terminated task still decoding);
+  decodes, the decode steps, a terminated task decoding on or released late);
 - overflows.py: every overflow of the pool (who was in play, their cells, the offset, the
   policy's victim), from the client's records or the log; the shapes a workload is designed for;
 - pauses.py: every pause of a preempted request, parks that freed nothing, the parks' order.
@@ -19,14 +19,14 @@ from .overflows import (Offset, Overflow, SlotAt, decoded_first, designed, evict
                         offset, overflows, prompt_not_largest, shape, shift_exercised)
 from .pauses import PARK_BOUND, Park, Pause, parks, parks_in_order, pauses, unfreed_parks, word
 from .record import Run
-from .serverlog import EXCEEDED, late_entries, sampling_problems, steps, trace_problems
+from .serverlog import EXCEEDED, not_stopped, sampling_problems, steps, trace_problems
 from .workload import Workload
 
 __all__ = ["Measured", "measure",
            "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts", "first_group_offsets", "offset",
            "overflows", "prompt_not_largest", "shape", "shift_exercised",
            "PARK_BOUND", "Park", "Pause", "parks", "parks_in_order", "pauses", "unfreed_parks", "word",
-           "EXCEEDED", "late_entries", "sampling_problems", "steps", "trace_problems"]
+           "EXCEEDED", "not_stopped", "sampling_problems", "steps", "trace_problems"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class Measured:
     trace_problems: tuple[str, ...]            # the log is not this run's (empty without a log)
     sampling_problems: tuple[str, ...]         # a decode that is not the slot's sample
     sampling_unjudged: tuple[int, ...]         # slots with several tokens per entry (speculative decoding)
-    late_entries: tuple[str, ...]              # a terminated task that decoded on
+    not_stopped: tuple[str, ...]               # a terminated task that decoded on, or was released after its step
+    release_judged: bool                       # the log shows the loop's turns, so a release's step is known
     pauses: dict[int, tuple[Pause, ...]]       # slot -> its pauses
     unfreed_parks: tuple[str, ...]             # a park after which the same offset ran out again
     parks_in_order: tuple[Park, ...]           # every park, with the requests generating beside it
@@ -60,9 +61,10 @@ def measure(run: Run, wl: Workload, policy: str = "largest") -> Measured:
     evs = overflows(run, wl, policy)
     largest = evs if policy == "largest" else overflows(run, wl)
     sampled, unjudged = sampling_problems(run) if run.trace else ([], [])
+    stopped, release_judged = not_stopped(run)
     return Measured(
         run, wl, policy, evs, evicts(run, wl), tuple(designed(largest[0], wl)) if largest else (),
         shape(run, wl), first_group_offsets(run, wl),
         tuple(trace_problems(run)) if run.trace else (), tuple(sampled), tuple(unjudged),
-        tuple(late_entries(run)), pauses(run), tuple(unfreed_parks(run)), parks_in_order(run),
+        tuple(stopped), release_judged, pauses(run), tuple(unfreed_parks(run)), parks_in_order(run),
         tuple(measure(e, wl, policy) for e in run.earlier))

@@ -182,7 +182,8 @@ class OperatorResult:
     original: str
     mutated: str
     context: str                # the source line (operator, context, original, mutated: the stable key)
-    status: str                 # killed | ALIVE | equivalent (ALIVE, argued in patch.toml)
+    status: str                 # killed | ALIVE | equivalent (ALIVE, argued in patch.toml) | tce (the right
+                                # patch's code) | tce-duplicate (an earlier mutant's code): toolkit/tce.py
     check: str = ""             # the first failing check
     where: str = ""             # "<workload> run 1"
     reason: str = ""            # its detail; for an argued equivalent: the argument
@@ -200,6 +201,7 @@ class OperatorCampaign:
     results: tuple[OperatorResult, ...]
     schema_build_s: float       # the one compile (with its stillborn retries) and link
     seconds: float
+    tce: str = ""               # how trivial compiler equivalence was measured, or why it was not
 
     @property
     def killed(self) -> int:
@@ -252,6 +254,17 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     k, n = shard
     chosen = tuple(m for i, m in enumerate(chosen) if i % n == k - 1)
     equivalent = {(e["operator"], e["context"], e["original"], e["mutated"]): e["why"] for e in spec.equivalent}
+    from . import tce as tce_mod
+    with build_mod.held(repo, sha, build_mod.Options(), progress) as ws:
+        same = tce_mod.measure(schema.text, ws.compile_command(rel), [m.id for m in schema.mutants],
+                               out_dir / "tce", operators.SWITCH, progress)
+    if same is None:
+        tce_how = "not measured: no clang++ with LLVM's opt and llvm-extract here (Debian: clang, llvm)"
+    else:
+        tce_how = (f"{same.compiler.split(' (')[0]} -O2 of the {len(same.functions) - 1} function(s) holding a switch, "
+                   f"{len(same.equivalent)} of {len(schema.mutants)} equal to the right patch or an earlier mutant, "
+                   f"{same.seconds:.0f} s")
+    say(f"TCE: {tce_how}")
     reuse: dict = {}
     say("[schema] the right patch (no mutant selected) through the suite")
     right_res = verify_mod.run_suite(repo, base, sha, workloads, work_dir=out_dir / "schema", expect="eviction",
@@ -279,7 +292,12 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     for i, m in enumerate(chosen, 1):
         t = time.monotonic()
         killed = None
-        if harness is not None:
+        twin = same.equivalent.get(m.id) if same else None
+        if twin:
+            killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, m.context,
+                                    "tce" if twin == "the right patch" else "tce-duplicate", "TCE", "",
+                                    f"compiles to {twin}'s code ({tce_how.split(' of the')[0]})")
+        if harness is not None and killed is None:
             pr = check_mod.run_harness(harness, sha, 2000, env={operators.ENV: str(m.id)})
             if not pr.ok:
                 out = pr.output.splitlines() or ["failed"]
@@ -307,7 +325,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
         results.append(killed)
     # (the schema with no mutant selected passed the suite: the campaign raises before judging otherwise)
     return OperatorCampaign(base, sha, repo.commit(sha).tree.hexsha, generated, schema.duplicates, tuple(sorted(dead)),
-                            tuple(results), build_s, time.monotonic() - t0)
+                            tuple(results), build_s, time.monotonic() - t0, tce_how)
 
 
 def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
@@ -336,7 +354,7 @@ def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
     return OperatorCampaign(d0["base"], d0["schema_commit"], d0["schema_tree"], d0["generated"], d0["duplicates"],
                             tuple(d0["stillborn"]),
                             tuple(results[k] for k in sorted(results)), max(d["schema_build_s"] for d in docs),
-                            max(d["seconds"] for d in docs))
+                            max(d["seconds"] for d in docs), d0.get("tce", ""))
 
 
 def operator_doc(c: OperatorCampaign) -> dict:
@@ -346,20 +364,25 @@ def operator_doc(c: OperatorCampaign) -> dict:
             "duplicates": c.duplicates,
             "stillborn": list(c.stillborn), "killed": c.killed, "alive": len(c.alive),
             "schema_build_s": round(c.schema_build_s, 1), "seconds": round(c.seconds, 1),
+            "tce": c.tce, "tce_equivalent": sum(r.status == "tce" for r in c.results),
+            "tce_duplicates": sum(r.status == "tce-duplicate" for r in c.results),
             "mutants": [asdict(x) for x in c.results]}
 
 
 def operator_table(c: OperatorCampaign) -> str:
-    judged = [r for r in c.results if r.status != "equivalent"]
+    tce = [r for r in c.results if r.status.startswith("tce")]
+    judged = [r for r in c.results if r.status in ("killed", "ALIVE")]
     by: dict[str, int] = {}
     for r in c.results:
         if r.status == "killed":
             by[r.check] = by.get(r.check, 0) + 1
     lines = [f"operator mutants of the patch's added lines (schema {c.schema_commit[:12]}, one build: "
              f"{c.schema_build_s:.0f} s; campaign {c.seconds:.0f} s)",
-             f"  generated {c.generated}, duplicates {c.duplicates}, stillborn {len(c.stillborn)}, judged "
-             f"{len(c.results)} (of {c.generated - c.duplicates - len(c.stillborn)}), argued equivalent "
-             f"{len(c.results) - len(judged)}",
+             f"  generated {c.generated}, duplicates {c.duplicates}, stillborn {len(c.stillborn)}, chosen "
+             f"{len(c.results)} (of {c.generated - c.duplicates - len(c.stillborn)}), TCE-equivalent "
+             f"{sum(r.status == 'tce' for r in tce)}, TCE-duplicates {sum(r.status == 'tce-duplicate' for r in tce)}, "
+             f"argued equivalent {sum(r.status == 'equivalent' for r in c.results)}",
+             f"  TCE: {c.tce or 'not measured'}",
              f"  killed {c.killed} of {len(judged)} non-equivalent"
              + (f" ({100 * c.killed / len(judged):.0f} %)" if judged else "") + ": "
              + ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda x: -x[1]))]

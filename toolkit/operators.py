@@ -29,11 +29,18 @@ from dataclasses import dataclass
 SWITCH = "patchkit_mutant"
 ENV = "PATCHKIT_MUTANT"
 # The selector, defined once at the top of the TU (after its includes): the id is read once.
+# Under -DPATCHKIT_TCE (toolkit/tce.py, clang to LLVM IR) it reads a constant defined per mutant
+# instead, so the optimiser sees which branch each switch takes.
 PRELUDE = f"""
+#ifdef PATCHKIT_TCE
+extern "C" const int patchkit_tce_id;
+static inline bool {SWITCH}(int k) {{ return patchkit_tce_id == k; }}
+#else
 static inline bool {SWITCH}(int k) {{
     static const int id = [] {{ const char * e = getenv("{ENV}"); return e ? atoi(e) : 0; }}();
     return id == k;
 }}
+#endif
 """
 
 RELATIONAL = {"<": ("<=", ">="), "<=": ("<", ">"), ">": (">=", "<="), ">=": (">", "<"), "==": ("!=",),

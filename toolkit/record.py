@@ -63,7 +63,7 @@ class Trace:
     code, not the patch's: per step, each generating slot's batch entry and the cells it held
     ("slot decode token ... n_tokens"), each sampled token ("n_gen ... next token"), the decode
     retries with their offset, errors sent, releases, launches."""
-    kind: str        # step | entry | token | batch | retry | error | release | launch
+    kind: str        # step | entry | token | batch | retry | error | release | launch | loop
     slot: int = -1
     task: int = -1
     value: int = 0   # entry: cells held; token: n_gen; batch: entries; retry: off; release: n_tokens
@@ -165,12 +165,15 @@ TRACE_RES = (
     ("error", re.compile(r"send_error: task id = (-?\d+), error: (.*)$")),
     ("release", re.compile(_SLOT + r"stop processing: n_tokens = (\d+)")),
     ("launch", re.compile(_SLOT + r"processing task")),
+    # the server's loop takes queued tasks (an HTTP cancel among them) only here, between two
+    # update_slots calls: while decoding it declines them ("decoding, decline task")
+    ("loop", re.compile(r"start_loop: processing new tasks")),
 )
 
 
 # a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
 _TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "retrying", "memory slot", "send_error",
-                "stop processing", "processing task")
+                "stop processing", "processing task", "start_loop: processing")
 
 
 def trace_from_log(text: str) -> tuple[Trace, ...]:
@@ -197,6 +200,8 @@ def trace_from_log(text: str) -> tuple[Trace, ...]:
                 out.append(Trace("error", task=int(g[0]), text=g[1].strip()))
             elif kind == "release":
                 out.append(Trace("release", int(g[0]), int(g[1]), int(g[2])))
+            elif kind == "loop":
+                out.append(Trace("loop"))
             else:
                 out.append(Trace("launch", int(g[0]), int(g[1])))
             break

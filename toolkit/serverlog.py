@@ -3,7 +3,8 @@ retries), read against the client's own records. Pure functions.
 
 A log is evidence only when it describes this run: `trace_problems` holds each slot's logged tokens
 to its stream. `sampling_problems` holds each slot's decodes to its samples; `steps` gives every
-decode step's entries; `late_entries` finds a terminated request's task still decoding.
+decode step's entries; `not_stopped` finds a terminated request's task decoding on, or released only
+after its step.
 """
 from __future__ import annotations
 
@@ -96,25 +97,47 @@ def steps(run: Run) -> list[dict[int, int]]:
 
 
 
-def late_entries(run: Run) -> list[str]:
-    """A terminated request's task decodes nothing more: every batch entry of that task after the
-    server sent it the context error, per slot (empty: none, or no verbose log)."""
+def not_stopped(run: Run) -> tuple[list[str], bool]:
+    """A terminated request's task stops in the step that terminated it: it decodes nothing after
+    the server sent it the context error, and its slot is released before that step ends.
+
+    The second half is an order, not a race: the server takes queued tasks only between two
+    update_slots calls ("start_loop: processing new tasks"; while decoding it declines them). The
+    error ends the client's stream and upstream's HTTP layer then posts a cancel, which releases
+    the slot too, but only at that boundary. So a patch that sends the error without releasing
+    the slot is seen releasing it after the boundary, in every run, even when the cancel happens
+    to beat the next step (measured: it always did, so its late entries never showed).
+    Returns (problems, whether the release's step could be judged: the log has the loop's lines)."""
     slots = {o.slot for o in run.outcomes}
     first: dict[int, int] = {}
     for t in run.trace:
         if t.kind == "launch" and t.slot in slots:
             first.setdefault(t.slot, t.task)
     tasks = set(first.values())
-    after: dict[int, int] = {}  # task -> entries after its first context error (one pass over the log)
+    judged = any(t.kind == "loop" for t in run.trace)
+    after: dict[int, int] = {}     # task -> entries after its first context error (one pass over the log)
+    erred: dict[int, int] = {}     # task -> the loop segment of its first context error
+    released: dict[int, list[int]] = {}  # task -> the loop segments it was released in
+    seg = 0                        # loop segments: one update_slots call and the tasks taken before it
     for t in run.trace:
-        if t.kind == "error" and t.text == EXCEEDED and t.task in tasks:
+        if t.kind == "loop":
+            seg += 1
+        elif t.kind == "error" and t.text == EXCEEDED and t.task in tasks:
+            erred.setdefault(t.task, seg)
             after.setdefault(t.task, 0)
         elif t.kind == "entry" and t.task in after:
             after[t.task] += 1
+        elif t.kind == "release" and t.task in tasks:
+            released.setdefault(t.task, []).append(seg)
     problems = []
     for task, n in after.items():
+        slot = next(s for s, x in first.items() if x == task)
         if n:
-            slot = next(s for s, x in first.items() if x == task)
             problems.append(f"slot {slot} (task {task}) had {n} batch entr{'y' if n == 1 else 'ies'} "
                             "after it was sent the error: it went on generating for nobody")
-    return problems
+        segs = released.get(task, [])
+        if judged and erred[task] not in segs:
+            problems.append(f"slot {slot} (task {task}) was not released in the step that sent it the error: "
+                            + ("released only after the step ended (as the HTTP layer's cancel releases it)"
+                               if any(x > erred[task] for x in segs) else "never released in the log"))
+    return problems, judged

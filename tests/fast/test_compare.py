@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from toolkit import compare, measure, verify
-from toolkit.record import Outcome, Run, sanitizer_findings
+from toolkit.record import Outcome, Run, Trace, sanitizer_findings
 from toolkit.workload import load
 
 from .sim import simulate
@@ -335,3 +335,27 @@ def test_compare_judges_a_measurement_and_never_measures():
     r = simulate(prompts(WL), 240, WL.server.ctx)
     m = measure.measure(r, WL)
     assert m.overflows == measure.overflows(r, WL) and m.run is r and not m.preempts
+
+
+@pytest.mark.parametrize("order,why", [
+    (("error", "release", "loop"), None),                       # the patch releases its victim in the step
+    (("release", "error", "loop"), None),                       # release first, then the error: the same step
+    (("error", "loop", "release"), "released only after the step ended"),   # left to the HTTP cancel
+    (("error", "loop"), "never released in the log"),
+    (("error", "entry", "release", "loop"), "1 batch entry after it was sent the error"),
+])
+def test_a_terminated_task_stops_in_its_step(order, why):
+    """The server takes queued tasks (an HTTP cancel) only at a loop turn: a release after the
+    turn that follows the error is not the patch's, whatever the timing."""
+    head = (Trace("launch", 0, 7), Trace("launch", 1, 8), Trace("loop"), Trace("step"))
+    make = {"error": Trace("error", task=7, text=measure.EXCEEDED), "release": Trace("release", 0, 7, 12),
+            "loop": Trace("loop"), "entry": Trace("entry", 0, 7, 12, 5)}
+    outs = tuple(Outcome(j, o, None, None, True, None, None, None, (), 10, 4, 0.0, None, 0.1)
+                 for j, o in ((0, "error"), (1, "completed")))
+    run = Run("w", outs, (), (), True, True, None, 0.1, "", trace=head + tuple(make[k] for k in order))
+    problems, judged = measure.not_stopped(run)
+    assert judged
+    assert (problems == []) if why is None else any(why in p for p in problems), problems
+    # without the loop's lines the release's step cannot be judged, and is not claimed
+    bare = replace(run, trace=tuple(t for t in run.trace if t.kind != "loop"))
+    assert measure.not_stopped(bare)[1] is False

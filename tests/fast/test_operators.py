@@ -46,7 +46,8 @@ def test_sites_only_on_added_lines_and_the_default_is_the_original(tmp_path):
     assert "a < 3 ? a + 1 : a" in s.text, "an unchanged line stays as it was"
     # the selector is defined once, at depth 0 (not under the _WIN32 block), before any use
     text = s.text
-    assert text.count("static inline bool patchkit_mutant(int k)") == 1
+    # (twice: read at run time, and under -DPATCHKIT_TCE from a per-mutant constant: toolkit/tce.py)
+    assert text.count("static inline bool patchkit_mutant(int k)") == 2 and text.count("#ifdef PATCHKIT_TCE") == 1
     at = text.index("patchkit_mutant(int k)")
     assert not text.index("#if defined(_WIN32)") < at < text.index("#endif") and at < text.index("static int keep")
     # every mutant has exactly one switch (nested sites appear in both arms of an outer one)

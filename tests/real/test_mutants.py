@@ -100,6 +100,16 @@ def test_decoded_entries_moved_are_caught_where_the_victim_was_decoded_first(c2,
                      k.get("one-sample-per-entry", "")), k
 
 
+def test_a_victim_left_to_the_http_cancel_is_caught_by_the_step_it_was_released_in(c2, c2_base, tmp_path):
+    """victim-not-released: error sent, cells freed, slot.release() left out. The HTTP layer's
+    cancel releases the slot, usually before the next step, so no entry of the task follows and
+    the stream looks right (ALIVE in every run until the release's step was judged): the server's
+    loop takes the cancel only between steps, so the release lands after the loop's turn."""
+    k = kill(c2, tmp_path, "victim-not-released", "overflow-4")
+    assert re.search(r"slot \d \(task \d+\) was not released in the step that sent it the error: released only "
+                     r"after the step ended", k["victim-stops"]), k
+
+
 @pytest.mark.parametrize("name,check", [("spec-not-remapped", "spec-indices-remapped"),
                                         ("embd-not-compacted", "embd-compacted")])
 def test_presence_checks_catch_a_missing_piece_without_a_build(c2, tmp_path, name, check):

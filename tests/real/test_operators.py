@@ -5,8 +5,10 @@ sampled mutant is killed, or argued equivalent in patch.toml with its measuremen
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from toolkit import patch, source, verify
+from toolkit import operators, patch, source, tce, verify
+from toolkit.codeindex import CompileCommand
 
 
 def test_a_seeded_sample_of_operator_mutants_is_killed_or_argued(c2, c2_base, tmp_path):
@@ -17,14 +19,19 @@ def test_a_seeded_sample_of_operator_mutants_is_killed_or_argued(c2, c2_base, tm
     assert res.returncode == 0, [m for m in doc["mutants"] if m["status"] == "ALIVE"]
     assert doc == json.loads((tmp_path / "operators.json").read_text())
     assert len(doc["mutants"]) == 10 and doc["generated"] >= 60, doc["generated"]
-    assert doc["alive"] == 0 and doc["killed"] + sum(m["status"] == "equivalent" for m in doc["mutants"]) == 10
+    assert doc["alive"] == 0 and doc["killed"] + sum(m["status"] in ("equivalent", "tce", "tce-duplicate")
+                                                     for m in doc["mutants"]) == 10
+    # TCE was measured (clang to LLVM IR, the holders optimised per mutant), not skipped
+    assert doc["tce"].startswith("Debian clang version") or doc["tce"].startswith("clang version"), doc["tce"]
     argued = {(e["operator"], e["context"], e["original"], e["mutated"]) for e in patch.load_patch().equivalent}
     for m in doc["mutants"]:
         if m["status"] == "killed":
             assert m["check"] and m["reason"] and (m["where"] == "property harness" or
                                                    m["where"].split()[0] in verify.SUITE), m
-        else:
+        elif m["status"] == "equivalent":
             assert (m["operator"], m["context"], m["original"], m["mutated"]) in argued, m
+        else:
+            assert m["check"] == "TCE" and "code" in m["reason"], m
     # the other half of a sharded campaign is a different set of mutants
     res2 = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--operators",
                            "--sample", "10", "--seed", "26", "--shard", "2/2", "--workload", "overflow-4",
@@ -42,3 +49,25 @@ def test_a_seeded_sample_of_operator_mutants_is_killed_or_argued(c2, c2_base, tm
     assert sorted(m["id"] for m in mdoc["mutants"]) == sorted(m["id"] for m in doc["mutants"]), res1.stderr[-500:]
     assert (mdoc["generated"], mdoc["schema_tree"]) == (doc["generated"], doc["schema_tree"])
     assert merged.returncode == (1 if mdoc["alive"] else 0)
+
+
+TCE_SRC = """#include <cstdlib>
+""" + operators.PRELUDE + """
+int twice(int a) { return patchkit_mutant(1) ? (a * 2) : (a + a); }
+int next(int a) { return patchkit_mutant(2) ? (a + 2) : (patchkit_mutant(3) ? (2 + a) : (a + 1)); }
+static int hidden(int a) { return patchkit_mutant(4) ? (a - 1) : (a + 1); }
+int (*keep_hidden)(int) = hidden;
+"""
+
+
+def test_tce_finds_code_equal_to_the_right_patchs_or_another_mutants_and_nothing_else(tmp_path):
+    """Trivial compiler equivalence can fail both ways: `a * 2` for `a + a` is the right patch's code
+    at -O2 (TCE); `2 + a` is #2's `a + 2` (a duplicate); `a + 2` and a mutant in a static function
+    only reached through a pointer differ (a holder -O2 would delete as unused must still count)."""
+    assert tce.tools(), "TCE needs clang++ with LLVM's opt and llvm-extract (Debian: clang, llvm)"
+    f = tmp_path / "t.cpp"
+    f.write_text(TCE_SRC)
+    got = tce.measure(TCE_SRC, CompileCommand(f, tmp_path, ("c++", "-O1", "-c", str(f), "-o", "t.o")), [1, 2, 3, 4],
+                      tmp_path / "w", operators.SWITCH)
+    assert got.equivalent == {1: "the right patch", 3: "#2"}, got
+    assert {"_Z5twicei", "_Z4nexti"} <= set(got.functions)
