@@ -333,19 +333,35 @@ EXPECTATIONS = ("eviction", "preemption", "no-regression")
 SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "designed-shape")
 
 
+@dataclass(frozen=True)
+class Promises:
+    """What patchkit's own series promises beyond the property every right patch keeps. A foreign
+    candidate (a fork's branch, a reviewer's diff) promises none of these: it is judged on the
+    property alone (issue 28: right patches by other authors never fail on our arithmetic).
+    - witness: its eviction logs one line per eviction, which must be readable and agree;
+    - park_bound: a request parked that many times is passed over while another can go;
+    - resume_path: how a parked slot comes back, "swap" (its sequence read back from host memory)
+      or "recompute" (nothing held); "" not promised (a hybrid budget between 0 and no limit)."""
+    witness: bool = False
+    park_bound: int = 0
+    resume_path: str = ""
+
+
+NONE = Promises()
+
+
 def judge(m: Measured, side: str, index: int = 0, control: Run | None = None, base: Run | None = None,
-          expect: str = "eviction", base_reference: bool = False, witness: bool = False,
-          park_bound: int = 0) -> Verdict:
+          expect: str = "eviction", base_reference: bool = False, own: Promises = NONE) -> Verdict:
     """The run's verdict, and every earlier start of it (made again for its shape) judged too:
     a start is never dropped for its verdict. An earlier start that did not overflow at all is
     held to "every request completes"."""
-    v = _judge(m, side, index, control, base, expect, base_reference, witness, park_bound)
+    v = _judge(m, side, index, control, base, expect, base_reference, own)
     if not m.earlier:
         return v
     problems = []
     for e in m.earlier:
         overflowed = any(o.error == EXCEEDED for o in e.run.outcomes)
-        checks = (_judge(e, side, index, control, base, expect, base_reference, witness, park_bound).checks
+        checks = (_judge(e, side, index, control, base, expect, base_reference, own).checks
                   if overflowed else tuple(unchanged(e)))
         problems += [f"start {e.run.attempts} ({e.run.log}): {c.name}: {c.detail}" for c in checks
                      if c.status == "fail" and c.name not in SHAPE_CHECKS]
@@ -356,8 +372,7 @@ def judge(m: Measured, side: str, index: int = 0, control: Run | None = None, ba
 
 
 def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, base: Run | None = None,
-           expect: str = "eviction", base_reference: bool = False, witness: bool = False,
-           park_bound: int = 0) -> Verdict:
+           expect: str = "eviction", base_reference: bool = False, own: Promises = NONE) -> Verdict:
     """expect "eviction": the workload's own expectations (base shows the bug, candidate evicts
     one). With `base_reference` (the base already evicts, or it is the fork's current nightly in
     the pin gate) the base side is not judged but compared with: the candidate must also not
@@ -369,7 +384,7 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
         # its own expectation below: a preemption must change nothing there
         # a model measured not batch-invariant cannot be held to its control once the batch changed
         return Verdict(wl.name, side, index, tuple(server_checks(m) + preemption(
-            m, control, exact=wl.expect.integrity is True, park_bound=park_bound)))
+            m, control, exact=wl.expect.integrity is True, own=own)))
     if expect == "no-regression" or (side == "base" and base_reference):
         checks = (reference(m) if side == "base"
                   else no_regression(run, base, wl) + server_checks(m))
@@ -382,7 +397,7 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
     elif mode == "unchanged":
         checks = unchanged(m)
     elif mode == "one-victim":
-        checks = one_victim(m, witness_expected=witness and side == "candidate")
+        checks = one_victim(m, witness_expected=own.witness and side == "candidate")
     else:
         raise ValueError(f"unknown expectation '{mode}' in workload {wl.name}")
     if side == "candidate" and wl.expect.integrity:
@@ -399,15 +414,15 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
 IDLE_STEPS_BOUND = 2
 
 
-def preemption(m: Measured, control: Run | None, exact: bool = True, park_bound: int = 0) -> list[Check]:
+def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promises = NONE) -> list[Check]:
     """What a preemption (park by swap, or recompute) promises, measured: no request fails; each
     stream equals the same request's control run token for token (the control: the same requests
     in a pool with room for all); every cell comes back (a request of nearly the whole pool
     completes afterwards); no request waits while nothing runs; and on a workload whose base
     overflows, a request was parked at all (else nothing was exercised). `exact=False` (a recompute
     on a backend measured not to be batch-invariant): differences are reported, not failed.
-    `park_bound`: the candidate is patchkit's own series, which passes over a request parked that
-    many times while another can go (a foreign design may bound starvation otherwise: not judged)."""
+    `own`: what patchkit's own series promises besides (Promises): the starvation bound, the resume
+    path (a foreign design may bound starvation or keep parked bytes otherwise: not judged)."""
     run, wl, outs = m.run, m.wl, m.run.outcomes
     failed = [o for o in outs if o.outcome != "completed"]
     checks = [_check("no-request-fails", not failed,
@@ -437,6 +452,7 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, park_bound:
         unfreed = m.unfreed_parks
         checks.append(_check("parks-free-cells", not unfreed, "; ".join(unfreed) if unfreed else
                              "after every park the retry at the same offset found the cells it freed"))
+    park_bound = own.park_bound
     if n and park_bound:
         starved = [p for p in m.parks_in_order if p.before >= park_bound and any(c < park_bound for _, c in p.rivals)]
         checks.append(_check("parks-bounded", not starved, "; ".join(
@@ -445,6 +461,17 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, park_bound:
             for p in starved) if starved else
             f"no request was parked again after {park_bound} parks while another, parked fewer times, generated "
             f"beside it (most parks of one request: {max(p.before + 1 for p in m.parks_in_order)})"))
+    if n and own.resume_path:
+        resumed = [p for v in ps.values() for p in v if p.resumed]
+        wrong = [p for p in resumed if p.restored != (own.resume_path == "swap")]
+        checks.append(_check("resume-path", not wrong, "; ".join(
+            f"slot {p.slot} (paused at token {p.at_token}) " + ("was read back from host memory (upstream's state "
+            "reader) although its series keeps nothing parked" if p.restored else "came back without its "
+            "sequence read back from host memory (no state read for it in upstream's log): recomputed, not swapped")
+            for p in wrong) if wrong else
+            f"every resume ({len(resumed)}) came back as its series promises: "
+            + ("its sequence read back from host memory (upstream's state reader)" if own.resume_path == "swap"
+               else "recomputed, nothing read back from host memory")))
     if control is None:
         checks.append(Check("streams-exact", "skip", "no control run"))
     else:

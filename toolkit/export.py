@@ -76,7 +76,7 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
     suite = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in verify_mod.SUITE], repeat=repeat,
                                  work_dir=out_dir / "logs" / "suite", expect=spec.expect, evicting_patch=True,
                                  candidate_label="the series", say=say, progress=progress,
-                                 patch_expect=spec.expect, shapes=spec.shapes)
+                                 patch_expect=spec.expect, shapes=spec.shapes, family=spec.name)
     # the model-family workloads are in the default suite: their section shows the suite's runs of them
     families = replace(suite, results=tuple(r for r in suite.results if r.workload.name in FAMILIES),
                        coverage=())  # the suite's coverage is the suite's: not repeated under two workloads
@@ -96,7 +96,7 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
         say(f"measuring: the suite's overflow workloads with ASan+UBSan on {', '.join(san_scope)}")
         san = verify_mod.run_suite(repo, base, candidate, [load_workload(w) for w in ("overflow-4", "victim-first")],
                                    work_dir=out_dir / "logs" / "sanitize", expect=spec.expect, evicting_patch=True,
-                                   patch_expect=spec.expect,
+                                   patch_expect=spec.expect, family=spec.name,
                                    opts=build_mod.Options(sanitize=("address", "undefined"), sanitize_only=san_scope),
                                    candidate_label="the series", say=say, progress=progress)
     subject = commits[-1].summary

@@ -106,7 +106,8 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
             res = verify_mod.run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / name,
                                        opts=opts, candidate_label=f"mutant {name}", layout=layout,
                                        expect=expect, evicting_patch=True, patch_expect=expect,
-                                       reuse=reuse, say=say, progress=progress)
+                                       reuse=reuse, say=say, progress=progress, family=patch_name,
+                                       candidate_env=meta.get("env"))
         except BuildError as e:
             return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
         for wr in res.results:

@@ -96,6 +96,25 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
                      parts, tuple(d.get("equivalent", ())))
 
 
+# The server's environment variable hybrid-slot reads its budget of parked bytes from (MiB; the
+# fork's --preempt-ram reads the same name)
+PREEMPT_RAM = "LLAMA_ARG_PREEMPT_RAM"
+
+
+def resume_path(name: str, env: dict[str, str] | None = None) -> str:
+    """How a parked slot of family `name` comes back, as the family promises it under the server
+    environment `env` (the process's own, then `env`): "swap" (its sequence read back from host
+    memory), "recompute" (nothing held), or "" (not promised: a family that parks nothing, or a
+    hybrid budget between 0 and no limit, where which parks fit depends on their bytes)."""
+    import os
+
+    mode = load_patch(name).params.get("mode", "")
+    if mode != "hybrid":
+        return mode if mode in ("swap", "recompute") else ""
+    budget = {**os.environ, **(env or {})}.get(PREEMPT_RAM, "").strip()
+    return "swap" if not budget else "recompute" if budget == "0" else ""
+
+
 def all_policies() -> list[str]:
     """Every victim policy some patch offers, in first-seen order (the CLI's choices)."""
     return list(dict.fromkeys(p for f in families() for p in load_patch(f).policies))
@@ -184,8 +203,9 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
 # [variants.NAME] `edit`, a list of {find: a regular expression over each rendered part, to: a
 # Jinja2 template of the replacement that sees the facts and the match's groups as m}, and `where`,
 # a Jinja2 expression over the facts saying on which layouts it applies. The templates a maintainer
-# reads hold the right patch only.
-VARIANT_KEYS = {"class", "what", "killer", "edit", "where"}
+# reads hold the right patch only. `env`: the server environment the variant is judged under (a
+# budget it ignores shows only where the budget says something).
+VARIANT_KEYS = {"class", "what", "killer", "edit", "where", "env"}
 
 
 def _check_variant(meta: Path, name: str, v: dict) -> None:
@@ -193,7 +213,7 @@ def _check_variant(meta: Path, name: str, v: dict) -> None:
     edits = v.get("edit")
     if unknown or not edits or not all(isinstance(e, dict) and set(e) == {"find", "to"} for e in edits):
         raise UsageError(f"{meta}: variant '{name}' must be {{class, what, killer, edit = [{{find, to}}, ...], "
-                         f"where?}}" + (f"; unknown keys {sorted(unknown)}" if unknown else "") + ".")
+                         f"where?, env?}}" + (f"; unknown keys {sorted(unknown)}" if unknown else "") + ".")
     for e in edits:
         try:
             re.compile(e["find"])

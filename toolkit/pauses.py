@@ -23,6 +23,8 @@ class Pause:
     resumed: bool = True
     cells_before: int = -1  # the cells it held in its last entry before the pause (its entry taken out undecoded)
     step: int = -1          # the server step it was parked in (its last entry's)
+    restored: bool = False  # its sequence was read back from host memory before it resumed (upstream's
+                            # "state_read_meta ... dest_seq_id" for its slot, after its park): a swap
 
 
 @lru_cache(maxsize=64)  # compare, unfreed_parks, the report and the referee all ask, per run
@@ -32,9 +34,12 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
     first: dict[int, int] = {}
     seen: dict[int, list[list[int]]] = {}  # slot -> [step index, cells, sampled] of each entry
     busy: list[bool] = []                  # per step: did any slot have an entry
+    restores: dict[int, list[int]] = {}    # slot -> the steps its sequence was read back in
     step = -1
     for t in run.trace:
-        if t.kind == "launch":
+        if t.kind == "restore":
+            restores.setdefault(t.slot, []).append(step)
+        elif t.kind == "launch":
             first.setdefault(t.slot, t.task)
         elif t.kind == "step":
             step += 1
@@ -63,7 +68,9 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
             before = cells_i + sampled
             k = before - o.prompt_tokens + 1  # tokens streamed before the pause
             gap = o.token_t[k] - o.token_t[k - 1] if 0 < k < len(o.token_t) else None
-            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before, step=i))
+            back = any(i < x <= j for x in restores.get(slot, ()))
+            ps.append(Pause(slot, k, cells, missed, (j - i - 1) - missed, gap, cells_before=before, step=i,
+                            restored=back))
         last_step, last_cells, _ = entries[-1]
         if o.outcome == "timeout":  # it stopped and nothing ended it (an error or a rejection would have)
             tail = busy[last_step + 1:]

@@ -63,10 +63,10 @@ class Trace:
     code, not the patch's: per step, each generating slot's batch entry and the cells it held
     ("slot decode token ... n_tokens"), each sampled token ("n_gen ... next token"), the decode
     retries with their offset, errors sent, releases, launches."""
-    kind: str        # step | entry | token | batch | retry | error | release | launch | loop
+    kind: str        # step | entry | token | batch | retry | error | release | launch | loop | restore
     slot: int = -1
     task: int = -1
-    value: int = 0   # entry: cells held; token: n_gen; batch: entries; retry: off; release: n_tokens
+    value: int = 0   # entry: cells held; token: n_gen; batch: entries; retry: off; release: n_tokens; restore: cells
     token: int = -1  # entry / token: the token id; retry: n_batch
     text: str = ""   # error: the message
 
@@ -168,12 +168,15 @@ TRACE_RES = (
     # the server's loop takes queued tasks (an HTTP cancel among them) only here, between two
     # update_slots calls: while decoding it declines them ("decoding, decline task")
     ("loop", re.compile(r"start_loop: processing new tasks")),
+    # llama.cpp's KV cache reading a sequence back from a saved state (llama_state_seq_set_data):
+    # a parked slot swapped back in, in the library's words, not the patch's
+    ("restore", re.compile(r"state_read_meta: cell_count = (\d+), dest_seq_id = (-?\d+)")),
 )
 
 
 # a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
 _TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "retrying", "memory slot", "send_error",
-                "stop processing", "processing task", "start_loop: processing")
+                "stop processing", "processing task", "start_loop: processing", "state_read_meta")
 
 
 def trace_from_log(text: str) -> tuple[Trace, ...]:
@@ -202,6 +205,8 @@ def trace_from_log(text: str) -> tuple[Trace, ...]:
                 out.append(Trace("release", int(g[0]), int(g[1]), int(g[2])))
             elif kind == "loop":
                 out.append(Trace("loop"))
+            elif kind == "restore":
+                out.append(Trace("restore", slot=int(g[1]), value=int(g[0])))
             else:
                 out.append(Trace("launch", int(g[0]), int(g[1])))
             break

@@ -257,7 +257,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
         res = verify_mod.run_suite(repo, base, cand, workloads, work_dir=out_dir / entry.label.replace(":", "-"),
                                    repeat=repeat, opts=opts, policy=entry.policy, candidate_label=f"{entry.label}", layout=layout,
                                    model_name=model_name, expect="auto", evicting_patch=True, reuse=reuse,
-                                   say=say, progress=progress, patch_expect=spec.expect)
+                                   say=say, progress=progress, patch_expect=spec.expect, family=spec.name)
         builds[entry.label] = dict(res.timings).get("build candidate", 0.0)
         for wr in res.results:
             rows += _rows(entry, wr, res.expect, not base_rows_done and any(e.strategy == "base" for e in entries))

@@ -74,10 +74,9 @@ Say = Callable[[str], None]
 
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None, policy: str = "largest",
           base: Run | None = None, expect: str = "eviction", base_reference: bool = False,
-          witness: bool = False, park_bound: int = 0) -> compare.Verdict:
+          own: compare.Promises = compare.NONE) -> compare.Verdict:
     """Measure the run once, then judge the measurement (compare.py never measures)."""
-    return compare.judge(measure.measure(run, wl, policy), side, index, control, base, expect, base_reference, witness,
-                         park_bound)
+    return compare.judge(measure.measure(run, wl, policy), side, index, control, base, expect, base_reference, own)
 
 
 def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, workloads: list[Workload], *,
@@ -87,14 +86,17 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               evicting_patch: bool = False, base_reference: bool = False, sides: tuple[str, str] = ("base", "candidate"),
               reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None,
               patch_expect: str = "eviction", shapes: tuple[str, ...] | None = None,
-              candidate_env: dict[str, str] | None = None, candidate_args: tuple[str, ...] = ()) -> Result:
+              candidate_env: dict[str, str] | None = None, candidate_args: tuple[str, ...] = (),
+              family: str = "") -> Result:
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
     each workload's control and base runs are made once and shared by every candidate.
     `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`).
     `shapes`: the failure-point shapes the candidate's handler can meet (its patch.toml); None:
     every shape of the applied expectations (a candidate that is not patchkit's).
     `candidate_env`, `candidate_args`: added to the candidate's servers' environment (a mutant's id, a
-    PR's knob) and command line (a PR's own flags, e.g. --preempt-ram 0)."""
+    PR's knob) and command line (a PR's own flags, e.g. --preempt-ram 0).
+    `family`: which of patchkit's series the candidate is (its patch name), for the promises only
+    that series makes (the resume path of a park); "" for any other candidate."""
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -163,6 +165,12 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
 
     applied, why, base_evicts = expectations(expect, measured, candidate_label if evicting_patch else None,
                                              patch_expect)
+    # what patchkit's own series promises besides the property (a foreign candidate: nothing)
+    from . import patch as patch_mod
+    own = compare.NONE if not evicting_patch else compare.Promises(
+        witness=patch_expect == "eviction",
+        park_bound=measure.PARK_BOUND if patch_expect == "preemption" else 0,
+        resume_path=patch_mod.resume_path(family, candidate_env) if family and patch_expect == "preemption" else "")
     base_reference = base_reference or base_evicts
     say(f"expectations: {applied} ({why})")
     results = []
@@ -173,10 +181,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
             if k < len(cand_runs):
                 # patchkit's own eviction logs one line per eviction: its witness must be readable
                 verdicts.append(judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
-                                      expect=applied, base_reference=base_reference,
-                                      witness=evicting_patch and patch_expect == "eviction",
-                                      park_bound=measure.PARK_BOUND if evicting_patch and patch_expect == "preemption"
-                                      else 0))
+                                      expect=applied, base_reference=base_reference, own=own))
         side_by_side = (upstream_unified.compare_runs(wl, tuple(base_runs), tuple(cand_runs), tuple(verdicts), policy)
                         if wl.name == upstream_unified.WORKLOAD and applied == "eviction" and not base_reference
                         else None)
@@ -359,5 +364,5 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
                         policy=policy, candidate_label=label, candidate_source=src, layout=layout,
                         model_name=model_name, expect=expect, evicting_patch=evicting, say=ui.say,
                         progress=ui.progress, patch_expect=patch_mod.load_patch(family).expect,
-                        shapes=patch_mod.load_patch(family).shapes if evicting else None)
+                        shapes=patch_mod.load_patch(family).shapes if evicting else None, family=family)
     return replace(res, timings=prep + res.timings, base_why=why)

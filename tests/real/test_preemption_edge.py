@@ -32,7 +32,7 @@ def judge(tree, tmp_path, patch_name, names, env=None):
     cand, _ = apply.candidate_commit(repo, base, patch_name)
     return verify.run_suite(repo, base, cand, [workload.load(n) for n in names], work_dir=tmp_path,
                             candidate_label=f"patch {patch_name}", evicting_patch=True, patch_expect="preemption",
-                            candidate_env=env, say=lambda s: None)
+                            candidate_env=env, say=lambda s: None, family=patch_name)
 
 
 def failures(res):

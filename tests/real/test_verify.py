@@ -6,7 +6,7 @@ import re
 import git
 import pytest
 
-from toolkit import build, measure, proc, runner, verify, workload
+from toolkit import build, compare, measure, proc, runner, verify, workload
 from toolkit.compare import EXCEEDED
 from toolkit.ui import UI
 
@@ -200,7 +200,7 @@ def test_checks_without_evidence_skip_or_fail_never_pass(c2, c2_base, c2_patched
     repo = git.Repo(c2.path)
     r = runner.run(c2_patched.binary, model.ensure().path, workload.load("overflow-4"), tmp_path / "plain.log")
     assert r.sanitized == ()
-    v = verify.judge(workload.load("overflow-4"), "candidate", r, witness=True)
+    v = verify.judge(workload.load("overflow-4"), "candidate", r, own=compare.Promises(witness=True))
     checks = {c.name: c for c in v.checks}
     assert checks["no-sanitizer-findings"].status == "skip", checks["no-sanitizer-findings"]
     assert "carries no sanitizer runtime" in checks["no-sanitizer-findings"].detail
