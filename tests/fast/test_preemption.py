@@ -292,3 +292,41 @@ def test_a_strategy_that_fails_requests_is_not_raced():
     rank = referee.ranking(t, "overflow-4")
     assert rank.startswith("park:smallest is measurably fastest"), rank
     assert rank.endswith("(not raced, they fail requests by design: terminate:largest)"), rank
+
+
+def test_a_pause_is_a_swap_only_where_llamas_state_reader_read_its_slot_back():
+    """record.Trace "restore": llama.cpp's "state_read_meta ... dest_seq_id = S" between the park and
+    the resume of slot S; another slot's restore, or one before the park, is not its."""
+    from toolkit import pauses as pauses_mod
+    from toolkit.record import trace_from_log
+    log = "\n".join([
+        "srv  update_slots: posting NEXT_RESPONSE",
+        "slot handle_last_: id  0 | task 1 | slot decode token, id=5, n_ctx = 64, n_tokens = 10, truncated = 0",
+        "slot handle_last_: id  1 | task 2 | slot decode token, id=6, n_ctx = 64, n_tokens = 20, truncated = 0",
+        "D state_read_meta: cell_count = 9, dest_seq_id = 1",       # before the park: not slot 0's resume
+        "srv  update_slots: posting NEXT_RESPONSE",
+        "slot handle_last_: id  1 | task 2 | slot decode token, id=6, n_ctx = 64, n_tokens = 21, truncated = 0",
+        "D state_read_meta: cell_count = 10, dest_seq_id = %d",
+        "srv  update_slots: posting NEXT_RESPONSE",
+        "slot handle_last_: id  0 | task 1 | slot decode token, id=5, n_ctx = 64, n_tokens = 10, truncated = 0",
+        "slot handle_last_: id  1 | task 2 | slot decode token, id=6, n_ctx = 64, n_tokens = 22, truncated = 0",
+    ])
+    launches = "slot launch_slot_: id  0 | task 1 | processing task\nslot launch_slot_: id  1 | task 2 | processing task\n"
+    for seq, swapped in ((0, True), (1, False)):
+        trace = trace_from_log(launches + log % seq)
+        assert [t for t in trace if t.kind == "restore"][-1].slot == seq
+        outs = tuple(Outcome(j, "completed", 200, None, True, "limit", False, 4, (1, 2, 3, 4), 9, 4, 0.0, 0.01, 0.1,
+                             (0.01, 0.02, 0.03, 0.04)) for j in (0, 1))
+        run = Run("w", outs, (), (), True, True, None, 0.1, "", trace=trace)
+        (p,), = pauses_mod.pauses.__wrapped__(run).values()
+        assert p.slot == 0 and p.restored is swapped, p
+
+
+@pytest.mark.parametrize("family,env,path", [
+    ("park-slot", None, "swap"), ("recompute-slot", None, "recompute"), ("recompute-prefill-slot", None, "recompute"),
+    ("hybrid-slot", {}, "swap"), ("hybrid-slot", {"LLAMA_ARG_PREEMPT_RAM": "0"}, "recompute"),
+    ("hybrid-slot", {"LLAMA_ARG_PREEMPT_RAM": "64"}, ""), ("evict-largest-slot", None, ""),
+])
+def test_each_series_promises_its_resume_path(family, env, path, monkeypatch):
+    monkeypatch.delenv("LLAMA_ARG_PREEMPT_RAM", raising=False)
+    assert patch.resume_path(family, env) == path

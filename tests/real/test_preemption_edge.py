@@ -82,6 +82,9 @@ def test_hybrid_above_its_budget_recomputes_and_keeps_every_promise(c2, c2_base,
     res = judge(c2, tmp_path, "hybrid-slot", ["overflow-4", "park-whole-pool"], env={"LLAMA_ARG_PREEMPT_RAM": "0"})
     assert res.ok, failures(res)
     assert all(measure.parks(wr.candidate[0]) for wr in res.results)
+    for wr in res.results:   # measured, not the patch's word: no sequence was read back from host memory
+        assert checks(wr)["resume-path"].status == "pass" and "recomputed" in checks(wr)["resume-path"].detail
+        assert not any(p.restored for v in measure.pauses(wr.candidate[0]).values() for p in v)
 
 
 def test_a_recompute_that_prefills_its_pending_token_passes(c2, c2_base, tmp_path):
@@ -93,3 +96,15 @@ def test_a_recompute_that_prefills_its_pending_token_passes(c2, c2_base, tmp_pat
         ps = [p for v in measure.pauses(wr.candidate[0]).values() for p in v]
         assert ps and all(p.resumed and p.cells == p.cells_before + 1 for p in ps), ps
         assert checks(wr)["resumes-where-paused"].status == "pass"
+
+
+@pytest.mark.parametrize("variant,why", [
+    ("budget-ignored", "was read back from host memory (upstream's state reader) although its series keeps nothing"),
+    ("never-swapped", "came back without its sequence read back from host memory"),
+])
+def test_the_budgets_path_is_read_from_llamas_state_reader(c2, c2_base, tmp_path, variant, why):
+    """hybrid-slot's two ways to get the budget wrong keep every other promise (a swap and a
+    recompute are both right): only resume-path, from llama.cpp's own "state_read_meta" line, sees
+    which path a park took. budget-ignored is judged under LLAMA_ARG_PREEMPT_RAM=0 (its patch.toml env)."""
+    k = broken(c2, tmp_path, "hybrid-slot", variant, "overflow-4")
+    assert set(k) == {"resume-path"} and why in k["resume-path"], k
