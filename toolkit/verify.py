@@ -247,7 +247,7 @@ REAL_SUITE = ["text-overflow-4"]
 SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle",
          "victim-decoded", "cells-not-prompt", "two-overflows", "two-slots", "prompt-victim", "prompt-survivor",
          "stateful-4", "swa-overflow-4", "hybrid-overflow-4", "fits", "single-slot", "park-whole-pool",
-         "many-resumes-8"]
+         "many-resumes-8", "park-starvation-7"]
 
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,

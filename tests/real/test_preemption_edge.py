@@ -3,9 +3,10 @@
 - park-whole-pool: a slot parked holding more than the pool less a running slot's headroom comes
   back once it is alone (the resume asked for that headroom always: it never came back);
 - many-resumes-8: requests parked again and again (18 parks per run by the park rules), every
-  resume judged exact, and a request parked 3 times passed over while another can go (the broken
-  variant parks-unbounded is NOT here: a 4th park of one request depends on the run's step
-  alignment, measured ALIVE in 1 of 6 runs; docs/DESIGN.md, section 12b);
+  resume judged exact, and a request parked 3 times passed over while another can go;
+- park-starvation-7: one request the largest at every overflow, so a 4th park of it is arithmetic
+  (300 simulated runs with jittered starts, bench/park_schedule.py), not the run's step alignment
+  as in many-resumes-8 (ALIVE there in 1 of 6 runs): the broken variant parks-unbounded dies here;
 - hybrid-slot: swap within a budget of parked bytes, recompute above it (LLAMA_ARG_PREEMPT_RAM=0:
   every park recomputed);
 - recompute-prefill-slot: the pending sampled token re-prefilled with the history, its successor
@@ -96,6 +97,21 @@ def test_a_recompute_that_prefills_its_pending_token_passes(c2, c2_base, tmp_pat
         ps = [p for v in measure.pauses(wr.candidate[0]).values() for p in v]
         assert ps and all(p.resumed and p.cells == p.cells_before + 1 for p in ps), ps
         assert checks(wr)["resumes-where-paused"].status == "pass"
+
+
+def test_a_request_parked_again_and_again_is_passed_over_after_its_third_park(c2, c2_base, tmp_path):
+    res = judge(c2, tmp_path, "park-slot", ["park-starvation-7"])
+    assert res.ok, failures(res)
+    c = checks(res.results[0])
+    assert c["parks-bounded"].detail.endswith("(most parks of one request: 3)"), c["parks-bounded"].detail
+    parks = {s: len(v) for s, v in measure.pauses(res.results[0].candidate[0]).items()}
+    assert parks == {0: 3, 4: 2}, parks           # the bound passed slot 0 over: slot 4 parked instead
+
+
+def test_without_the_bound_the_largest_is_parked_a_fourth_time(c2, c2_base, tmp_path):
+    k = broken(c2, tmp_path, "park-slot", "parks-unbounded", "park-starvation-7")
+    assert set(k) == {"parks-bounded"}, k          # every request completes, every stream exact
+    assert "slot 0 parked a 4th time at step" in k["parks-bounded"] and "(0 park(s))" in k["parks-bounded"], k
 
 
 @pytest.mark.parametrize("variant,why", [
