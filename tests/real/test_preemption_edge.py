@@ -9,9 +9,13 @@
   as in many-resumes-8 (ALIVE there in 1 of 6 runs): the broken variant parks-unbounded dies here;
 - hybrid-slot: swap within a budget of parked bytes, recompute above it (LLAMA_ARG_PREEMPT_RAM=0:
   every park recomputed);
+- park-beside-family: nobody left to park (an n_cmpl family outgrows the pool alone) while a slot
+  is parked: upstream's all-slots error must not reach the parked slot (variant parked-not-spared);
 - recompute-prefill-slot: the pending sampled token re-prefilled with the history, its successor
   sampled on resume (one cell more than at the park): a right design that must pass.
 Each broken variant is killed by the check written for it, for its reason."""
+import re
+
 import git
 import pytest
 
@@ -124,3 +128,18 @@ def test_the_budgets_path_is_read_from_llamas_state_reader(c2, c2_base, tmp_path
     which path a park took. budget-ignored is judged under LLAMA_ARG_PREEMPT_RAM=0 (its patch.toml env)."""
     k = broken(c2, tmp_path, "hybrid-slot", variant, "overflow-4")
     assert set(k) == {"resume-path"} and why in k["resume-path"], k
+
+
+def test_a_parked_request_is_spared_when_nobody_is_left_to_park(c2, c2_base, tmp_path):
+    """park-beside-family: slot 2 is parked (a family member never is); the n_cmpl family then
+    outgrows the pool alone, and upstream fails every processing slot, a parked one included. The
+    family needs more than the whole pool (excused its context error); slot 2 must come back."""
+    res = judge(c2, tmp_path, "park-slot", ["park-beside-family"])
+    assert res.ok, failures(res)
+    outs = {o.slot: o for o in res.results[0].candidate[0].outcomes}
+    assert outs[0].outcome == "errored" and outs[2].outcome == "completed", outs
+    assert [p.resumed for p in measure.pauses(res.results[0].candidate[0])[2]] == [True]
+    assert "slot(s) [0] need more than the whole pool" in checks(res.results[0])["no-request-fails"].detail
+    k = broken(c2, tmp_path / "v", "park-slot", "parked-not-spared", "park-beside-family")
+    assert re.search(r"slot 2: errored after \d+/300 tokens \(Context size has been exceeded\.\)",
+                     k["no-request-fails"]), k
