@@ -14,6 +14,7 @@ patch.toml (`shapes`) which cells its handler can meet (docs/DESIGN.md argues re
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from . import measure
@@ -43,6 +44,15 @@ SHAPES = EVICTION + tuple(s for s in PREEMPTION if s not in EVICTION)
 class Reached:
     shape: str
     by: str | None      # "<workload> run <k>" of the first run that reached it; None: not reached
+    repeats: int = 0    # of the suite's repeats (run k of every workload), how many reached it
+    of: int = 0         # the suite's repeats (--repeat)
+
+    def where(self) -> str:
+        """The first run that reached it, and in how many of the repeats (a shape reached by one
+        lucky run of three is not the suite's by design)."""
+        if self.by is None:
+            return "NOT REACHED"
+        return self.by + (f" (in {self.repeats} of {self.of} repeats)" if self.of > 1 else "")
 
 
 def sampler(wl: Workload) -> str:
@@ -108,12 +118,20 @@ def run_shapes(run: Run, wl: Workload, expect: str, policy: str = "largest") -> 
 
 def matrix(runs: list[tuple[str, Run, Workload]], declared: tuple[str, ...], expect: str,
            policy: str = "largest") -> tuple[Reached, ...]:
-    """Each declared cell with the first run (by label) that reached it, in declared order."""
+    """Each declared cell with the first run (by label) that reached it, in declared order, and in
+    how many of the suite's repeats it was reached (label "<workload> run <k>[ (start n)]": run k
+    of every workload is repeat k; an earlier start counts for its run's repeat)."""
     first: dict[str, str] = {}
+    seen: dict[str, set[int]] = {}
+    repeats: set[int] = set()
     for label, run, wl in runs:
+        m = re.search(r" run (\d+)", label)
+        k = int(m.group(1)) if m else 1
+        repeats.add(k)
         for s in sorted(run_shapes(run, wl, expect, policy)):
             first.setdefault(s, label)
-    return tuple(Reached(s, first.get(s)) for s in declared)
+            seen.setdefault(s, set()).add(k)
+    return tuple(Reached(s, first.get(s), len(seen.get(s, ())), len(repeats)) for s in declared)
 
 
 def missed(cov: tuple[Reached, ...]) -> list[str]:

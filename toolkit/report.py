@@ -98,6 +98,12 @@ def summary_line(res: Result) -> str:
         gone = coverage.missed(res.coverage)
         line += (f"; shapes reached {len(res.coverage) - len(gone)}/{len(res.coverage)}"
                  + (f", not reached: {', '.join(gone)}" if gone else ""))
+        # with --repeat: a shape one lucky repeat reached is named, not counted as the suite's
+        of = res.coverage[0].of
+        some = [c for c in res.coverage if c.by and c.repeats < of]
+        if of > 1 and not gone and not some:
+            line += f" in each of {of} repeats"
+        line += "".join(f"; {c.shape} in {c.repeats} of {of} repeats only" for c in some)
     return line
 
 
@@ -105,7 +111,8 @@ def to_json(res: Result) -> dict:
     out = {
         "schema": SCHEMA, "ok": res.ok, "repo": res.repo,
         "summary": summary_line(res), "checks": check_counts(res),
-        "coverage": [{"shape": c.shape, "reached_by": c.by} for c in res.coverage],
+        "coverage": [{"shape": c.shape, "reached_by": c.by, "repeats_reached": c.repeats, "repeats": c.of}
+                     for c in res.coverage],
         "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source,
         "policy": res.policy if res.own else None, "policy_measured": policy_text(res), "layout": res.layout,
@@ -213,7 +220,7 @@ def text_table(res: Result) -> str:
     if res.coverage:
         lines.append("shapes of the failure point (coverage):")
         w = max(len(c.shape) for c in res.coverage)
-        lines += [f"  {c.shape:<{w}}  {c.by or 'NOT REACHED'}" for c in res.coverage]
+        lines += [f"  {c.shape:<{w}}  {c.where()}" for c in res.coverage]
         lines.append("")
     lines.append(summary_line(res))
     return "\n".join(lines)

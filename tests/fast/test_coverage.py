@@ -61,3 +61,17 @@ def test_the_default_suite_holds_the_family_workloads_export_shows():
     assert set(export.FAMILIES) <= set(verify.SUITE)
     for name in ("two-slots", "prompt-victim", "prompt-survivor", "stateful-4"):
         assert name in verify.SUITE
+
+
+def test_a_shape_reached_in_some_repeats_only_is_named():
+    """--repeat 3: each cell says in how many repeats it was reached; the summary names a cell one
+    repeat missed instead of counting it reached."""
+    from toolkit import coverage as cov
+    from toolkit.report import summary_line
+    from toolkit.verify import Result
+    cells = (cov.Reached("in play: 2", "two-slots run 1", 3, 3), cov.Reached("sampler: stateful", "stateful-4 run 2", 1, 3))
+    assert cells[0].where() == "two-slots run 1 (in 3 of 3 repeats)"
+    res = Result("r", "b", "c", "l", None, "largest", "C2", (), (), "", "eviction", "", coverage=cells)
+    assert summary_line(res).endswith("shapes reached 2/2; sampler: stateful in 1 of 3 repeats only")
+    res = Result("r", "b", "c", "l", None, "largest", "C2", (), (), "", "eviction", "", coverage=cells[:1])
+    assert summary_line(res).endswith("shapes reached 1/1 in each of 3 repeats")
