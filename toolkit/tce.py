@@ -129,6 +129,8 @@ def measure(schema_text: str, cmd: CompileCommand, ids: list[int], work: Path, s
     proc.run([str(extract), "-S", *(f"--func={n.strip(chr(34))}" for n in names), str(full), "-o", str(small)],
              timeout=600, error=BuildError, what="llvm-extract (TCE)")
     text = small.read_text()
+    full.unlink()  # ~30 MB; holders.ll (the functions compared) stays beside the report
+    src.unlink()
     decl = re.compile(rf"^@{CONSTANT} = external (?:dso_local )?(?:local_unnamed_addr )?constant i32.*$", re.M)
     if not decl.search(text):
         raise BuildError(f"TCE: the extracted functions do not read @{CONSTANT} (the schema's prelude under "
@@ -144,8 +146,10 @@ def measure(schema_text: str, cmd: CompileCommand, ids: list[int], work: Path, s
     def optimised(k: int) -> str:
         path = work / f"m{k}.ll"
         path.write_text(decl.sub(f"@{CONSTANT} = internal constant i32 {k}, align 4", text, count=1))
-        return _normal(proc.run([str(opt), "-O2", "-S", str(path)], timeout=600, error=BuildError,
-                                what=f"opt -O2 (TCE, mutant {k})").out, switch)
+        out = proc.run([str(opt), "-O2", "-S", str(path)], timeout=600, error=BuildError,
+                       what=f"opt -O2 (TCE, mutant {k})").out
+        path.unlink()
+        return _normal(out, switch)
 
     progress(f"TCE: {len(ids) + 1} optimisations of {len(names)} function(s)")
     with ThreadPoolExecutor(max_workers=2) as pool:
