@@ -72,6 +72,15 @@ def test_a_resume_that_always_asks_for_headroom_never_comes_back(c2, c2_base, tm
     assert "slot 0 paused at token" in k["waits-bounded"] and "never resumed" in k["waits-bounded"], k
 
 
+def test_a_resume_tried_lazily_is_seen_only_by_the_wait_bound(c2, c2_base, tmp_path):
+    """resume-lazy: the resume tried every 1000th step. Every request completes and every stream is
+    exact (it comes back from the same token); alone, slot 0 waits through steps where nothing runs,
+    and only waits-bounded says so (its own mutant: headroom-when-alone is caught by three checks)."""
+    k = broken(c2, tmp_path, "park-slot", "resume-lazy", "park-whole-pool")
+    assert set(k) == {"waits-bounded"}, k
+    assert re.search(r"slot 0 paused at token \d+: \d+ step\(s\) with nothing running \(bound 2\)", k["waits-bounded"]), k
+
+
 def test_many_resumes_are_each_judged_and_the_starvation_bound_holds(c2, c2_base, tmp_path):
     res = judge(c2, tmp_path, "park-slot", ["many-resumes-8"])
     assert res.ok, failures(res)
