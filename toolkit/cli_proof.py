@@ -26,7 +26,7 @@ from .ui import UI, help_list
               "fetched tree).")
 @click.option("--patch", "patch_name", default="evict-largest-slot", show_default=True,
               help="Whose catalog: the eviction patch's mutants, or a preemption patch's broken variants "
-              "(park-slot, recompute-slot), each judged by that patch's own expectations.")
+              "(park-slot, recompute-slot, hybrid-slot), each judged by that patch's own expectations.")
 @click.option("--mutant", "names", multiple=True, help="A mutant of the catalog; repeatable (default: all).")
 @click.option("--workload", "workloads", multiple=True, help="Workload name or .toml path; repeatable (default: "
               "the default suite plus the campaign's separating workloads).")
