@@ -30,6 +30,7 @@ class ModelSpec:
     context_length: int = 8192  # must be >= any -c a workload uses
     seed: int = 1234
     arch: str = "llama"         # llama | gemma2 (sliding window, iSWA cache) | lfm2 (hybrid: short conv + attention)
+    #                             | witness (llama, weights by construction: toolkit/witness.py)
     sliding_window: int = 0     # gemma2: smaller than the workloads' prompts
 
 
@@ -41,8 +42,11 @@ GEMMA2 = ModelSpec(name="tiny-gemma2", arch="gemma2", sliding_window=64, seed=20
 # LFM2 style: short-conv (recurrent) layers around one attention layer -> a hybrid memory; of the
 # hybrids both C2 and D load, the one with the fewest tensors (3 per recurrent layer, 1 hparam)
 LFM2 = ModelSpec(name="tiny-lfm2", arch="lfm2", n_layer=3, seed=3031)
+# The oracle's model: every token depends on the last 1024 cells, their positions and the sampler
+# (toolkit/witness.py; its shape comes from there, these fields only name it)
+WITNESS = ModelSpec(name="witness", arch="witness", n_layer=1, seed=33)
 # the tiny families, by the name workloads and `--model` use
-FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2}
+FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2, "witness": WITNESS}
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def _spec_key(spec: ModelSpec) -> str:
     import gguf
     # the writing code is part of the key: a changed writer must not serve a file the old one wrote
     return cache.digest(asdict(spec), vocabulary(), getattr(gguf, "__version__", "?"), Path(__file__).read_bytes(),
-                        n=12)
+                        (Path(__file__).parent / "witness.py").read_bytes(), n=12)
 
 
 def sha256_of(path: Path) -> str:
@@ -103,6 +107,8 @@ def ensure(spec: ModelSpec = TINY, out: Path | None = None) -> Model:
 def write(spec: ModelSpec, path: Path) -> None:
     import gguf
 
+    if spec.arch == "witness":
+        return _write_witness(spec, path)
     if spec.n_embd % spec.n_head:
         raise UsageError(f"n_embd {spec.n_embd} is not a multiple of n_head {spec.n_head}.")
     rng = np.random.default_rng(spec.seed)
@@ -127,6 +133,33 @@ def write(spec: ModelSpec, path: Path) -> None:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     n_vocab = _tokenizer(writer, gguf)
     tensors(writer, spec, n_vocab, w, ones)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    os.replace(tmp, path)
+
+
+def _write_witness(spec: ModelSpec, path: Path) -> None:
+    import gguf
+
+    from . import witness
+    n_vocab = len(vocabulary())
+    e = witness.n_embd(n_vocab)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(f"patchkit-{spec.name}")
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(e)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(witness.n_ff(n_vocab))
+    witness.keys(writer, spec)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _tokenizer(writer, gguf)
+    witness.tensors(writer, spec, n_vocab, spec.seed)
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

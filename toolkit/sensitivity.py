@@ -1,0 +1,149 @@
+"""The oracle, measured: what a one-cell change of a sequence's KV history does to its stream.
+
+A C++ program (templates/sensitivity.cpp) against the tree's own libllama, compiled with the tree's
+own flags, decodes seeded histories of 300-900 cells and perturbs them with llama.cpp's own memory
+API: a cell dropped (a hole), duplicated, holding another token, every later cell shifted by one,
+two cells at one position, another sequence's cell made visible, and a reset of the sampler's RNG or
+penalties. Per kind: the share of perturbations whose continuation differs within N tokens. And
+"batch": the same history continued beside 1-3 other sequences, in another batch shape, with its
+cells elsewhere in the pool: every divergence there is noise the oracle cannot tell from a bug.
+
+One binary per tree content (cached by the tree's SHA, the build options and the program's digest);
+the program runs once per model.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from . import anchors, cache, proc
+from . import build as build_mod
+from . import model as model_mod
+from .errors import EnvironmentProblem, PatchError
+from .ui import heartbeat, log_progress
+
+SOURCE = Path(__file__).parent / "templates" / "sensitivity.cpp"
+KINDS = ("change", "duplicate", "drop", "shift", "overlap", "cross", "sampler-rng", "sampler-penalties", "batch")
+# what each kind does to the history, for the table's reader
+MEANING = {
+    "change": "one cell holds another token",
+    "duplicate": "one cell repeated (later cells one position on)",
+    "drop": "one cell removed (seq_rm: a hole)",
+    "shift": "every cell from p on one position later (seq_add +1: a gap)",
+    "overlap": "every cell from p on one position earlier (seq_add -1: two cells at one position)",
+    "cross": "another sequence's cell made visible (seq_cp)",
+    "sampler-rng": "the sampler's RNG reset part-way (temperature 0.8, seeded)",
+    "sampler-penalties": "the sampler's penalties reset part-way (repeat 1.1, presence 0.5, last 64)",
+    "batch": "no change: beside 1-3 other sequences, another batch shape, cells elsewhere (must NOT diverge)",
+}
+
+
+@dataclass(frozen=True)
+class KindResult:
+    kind: str
+    trials: int
+    detected: int        # continuations that differ within n_gen tokens (for "batch": divergences)
+    refused: int         # the memory refused the edit (e.g. a recurrent layer cannot drop one cell)
+    median_at: float | None  # median generated index of the first difference, among the detected
+
+    @property
+    def share(self) -> float | None:
+        n = self.trials - self.refused
+        return self.detected / n if n else None
+
+
+@dataclass(frozen=True)
+class ModelSensitivity:
+    model: str
+    trials: int
+    n_gen: int
+    seed: int
+    kinds: tuple[KindResult, ...]
+    seconds: float
+
+    def kind(self, name: str) -> KindResult:
+        return next(k for k in self.kinds if k.kind == name)
+
+
+def harness(repo: git.Repo, commit: str, opts: build_mod.Options = build_mod.Options(),
+            progress=log_progress) -> Path:
+    """The compiled program for this tree content: built once, then served from the cache."""
+    tree = repo.git.rev_parse(f"{commit}^{{tree}}")
+    key = cache.digest(tree, opts.key(), SOURCE.read_bytes(), n=16)
+    out = cache.sub("harness") / f"sensitivity-{key}"
+    if out.exists():
+        return out
+    build_mod.build(repo, commit, opts, progress, in_workspace=True)   # the tree's static libraries
+    with build_mod.held(repo, commit, opts, progress) as ws:
+        rel = anchors.find_server_file(ws.src)
+        cmd = ws.compile_command(rel)
+        work = ws.root / "sensitivity"
+        work.mkdir(exist_ok=True)
+        src = work / "sensitivity.cpp"
+        shutil.copy2(SOURCE, src)
+        argv = [a for a in cmd.argv if Path(a).name != "ccache" and a != "-c"]
+        tmp = out.with_name(f".{out.name}.tmp")
+        argv[argv.index("-o") + 1] = str(tmp)
+        argv = [str(src) if Path(a).name == Path(rel).name else a for a in argv]
+        libs = sorted(str(p) for p in ws.build.rglob("lib*.a") if p.name.startswith(("libllama.a", "libggml")))
+        argv += ["-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm"]
+        progress(f"compiling the perturbation harness against {len(libs)} static libraries of {commit[:12]}")
+        with heartbeat(progress, lambda: "compiling the perturbation harness"):
+            res = proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
+        if res.rc != 0:
+            raise PatchError("the perturbation harness did not compile: " + build_mod.first_error(res.err + res.out))
+        tmp.replace(out)
+    return out
+
+
+def measure(binary: Path, model_name: str, trials: int = 20, n_gen: int = 64, seed: int = 1,
+            kinds: tuple[str, ...] = KINDS, progress=log_progress) -> ModelSensitivity:
+    """Run the harness on one model (a tiny family's name, or a .gguf path)."""
+    m = model_mod.resolve(model_name)
+    progress(f"perturbing {trials} histories x {len(kinds)} kinds on {model_name}")
+    with heartbeat(progress, lambda: f"perturbing on {model_name}"):
+        res = proc.run([str(binary), str(m.path), str(seed), str(trials), str(n_gen), ",".join(kinds)],
+                       timeout=max(600, trials * 30), check=False)
+    if res.rc != 0 or "done" not in res.out.splitlines()[-1:]:
+        raise EnvironmentProblem(f"the perturbation harness failed on {model_name} (exit {res.rc}): "
+                                 f"{(res.err or res.out).strip()[-300:]}")
+    rows = [json.loads(line) for line in res.out.splitlines() if line.startswith("{")]
+    return summarise(rows, model_name, trials, n_gen, seed, kinds, res.seconds)
+
+
+def summarise(rows: list[dict], model_name: str, trials: int, n_gen: int, seed: int,
+              kinds: tuple[str, ...], seconds: float = 0.0) -> ModelSensitivity:
+    """Pure: the harness's JSON lines -> per-kind counts. diverged: -1 same stream, -2 refused,
+    k >= 0 the first generated index that differs."""
+    out = []
+    for kind in kinds:
+        mine = [r for r in rows if r.get("kind") == kind]
+        refused = sum(1 for r in mine if r["diverged"] == -2)
+        hits = sorted(r["diverged"] for r in mine if 0 <= r["diverged"] < n_gen)
+        med = float(hits[len(hits) // 2]) if hits else None
+        out.append(KindResult(kind, len(mine), len(hits), refused, med))
+    return ModelSensitivity(model_name, trials, n_gen, seed, tuple(out), seconds)
+
+
+def table(results: list[ModelSensitivity]) -> str:
+    """Kinds as rows, models as columns: 'detected/judged' and the share (batch: divergences)."""
+    head = ["kind"] + [r.model for r in results]
+    rows = [head]
+    for kind in results[0].kinds:
+        row = [kind.kind]
+        for r in results:
+            k = r.kind(kind.kind)
+            n = k.trials - k.refused
+            if n == 0:
+                row.append("n/a (memory refused)")
+            elif kind.kind == "batch":
+                row.append(f"{k.detected}/{n} diverged")
+            else:
+                row.append(f"{k.detected}/{n} ({100 * k.detected / n:.1f} %)")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

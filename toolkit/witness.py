@@ -1,0 +1,135 @@
+"""The witness model: a llama-architecture GGUF whose weights are set by construction, so that its
+stream sees every KV cell of its history, the cells' positions, and its sampler's state, while a
+sequence's stream stays the same whatever else shares the batch or the pool.
+
+The argument is in docs/DESIGN.md ("The witness model"); in short, one layer:
+
+- Token t's embedding has constant RMS (a constant dimension, a code dimension holding t, and a
+  compensating dimension), so RMSNorm scales every token alike.
+- Attention: one head per distance D in DISTANCES. Its query and key come from the constant
+  dimension only, RoPE-rotated (base ROPE_BASE, 8 pairs), so the score of a cell at distance d is
+  KAPPA^2 * sum_i cos(theta_i * (D - d)): the cell exactly D back wins by at least
+  KAPPA^2 * 1.07 / 4 = 274 logits (min over d != D in 0..4096), so exp() gives it weight 1.0 and every
+  other cell 0.0, bit for bit, wherever the cells sit in the pool. Its value is the cell's token id,
+  which f16 holds exactly. The heads' outputs sum (exactly, integers / 64) into one dimension:
+  s = sum over D of the token D cells back.
+- The FFN is a lookup table on that integer s: one SiLU ramp per integer, combined by second
+  differences into a bump at s, which writes s's vote: a winner, three runners-up 0.5 logit
+  behind, every other token ~12 logits behind. Greedy picks the winner with a margin of 0.5 (float
+  noise is ~1e-5); a seeded temperature picks among four, so the RNG and the penalties matter.
+- With heads 64 apart back to 1024, each of the last 1024 cells is read by some head within 64
+  generated tokens; a cell changed, dropped, duplicated, shifted or borrowed from another sequence
+  changes s at that step, and the vote of another s wins (a different token in 110 of 111 cases).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+HEAD_DIM = 16                   # 8 RoPE pairs per head
+ROPE_BASE = 10.0                # theta_i = 10^(-i/8): 1 .. 0.0056 rad/position
+KAPPA = 32.0                    # |q| = |k| per pair: scores up to 32^2 * 8 / 4 = 2048, gap >= 274
+# the distances the heads read: the cell itself, the three before, then every 64th back to 1024
+DISTANCES = (0, 1, 2, 3) + tuple(64 * k for k in range(1, 17))
+REACH = DISTANCES[-1] + 63      # the oldest cell a 64-token continuation still reads
+S_SCALE = 64.0                  # s enters the residual as s / 64 (a power of two: exact)
+GATE = 12.0                     # SiLU(-12) = -7e-5: a ramp below its integer is off
+WINNER, RUNNER = 16.0, 15.36    # residual vote; the output scales them to ~12.5 and ~12.0 logits
+LOGIT_SCALE = 0.78
+
+# residual dimensions
+D_CONST, D_CODE, D_COMP, D_S = 0, 1, 2, 3
+D_VOTE = 4                       # D_VOTE + token id: the vote for that token
+K_CONST, CODE_ALPHA = 64.0, 0.25
+
+
+def n_embd(n_vocab: int) -> int:
+    return -(-(D_VOTE + n_vocab) // 16) * 16
+
+
+def s_max(n_vocab: int) -> int:
+    return len(DISTANCES) * (n_vocab - 1)
+
+
+def n_ff(n_vocab: int) -> int:
+    return s_max(n_vocab) + 3      # ramps at c = -1 .. s_max + 1
+
+
+def keys(writer, spec) -> None:
+    n_head = len(DISTANCES)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_freq_base(ROPE_BASE)
+
+
+def tensors(writer, spec, n_vocab: int, seed: int) -> None:
+    """Every weight, by construction; the only randomness is the vote table (seeded)."""
+    e, n_head, hd = n_embd(n_vocab), len(DISTANCES), HEAD_DIM
+    f32 = np.float32
+    # embeddings: constant sum of squares C, so every token's RMS is r0
+    C = K_CONST ** 2 + ((n_vocab - 1) * CODE_ALPHA) ** 2
+    r0 = float(np.sqrt(C / e + 1e-5))
+    emb = np.zeros((n_vocab, e), f32)
+    ids = np.arange(n_vocab)
+    emb[:, D_CONST] = K_CONST
+    emb[:, D_CODE] = ids * CODE_ALPHA
+    emb[:, D_COMP] = np.sqrt(C - K_CONST ** 2 - (ids * CODE_ALPHA) ** 2)
+    writer.add_tensor("token_embd.weight", emb)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(e, f32))
+    # attention: rows are output features (numpy (out, in); GGUF stores it reversed)
+    theta = ROPE_BASE ** (-2.0 * np.arange(hd // 2) / hd)
+    wq = np.zeros((n_head * hd, e), f32)
+    wk = np.zeros((n_head * hd, e), f32)
+    wv = np.zeros((n_head * hd, e), f32)
+    wo = np.zeros((e, n_head * hd), f32)
+    unit = r0 / K_CONST                      # normalised constant dimension -> 1
+    for h, dist in enumerate(DISTANCES):
+        for i, th in enumerate(theta):
+            wq[h * hd + 2 * i, D_CONST] = KAPPA * np.cos(th * dist) * unit
+            wq[h * hd + 2 * i + 1, D_CONST] = -KAPPA * np.sin(th * dist) * unit
+            wk[h * hd + 2 * i, D_CONST] = KAPPA * unit
+        wv[h * hd, D_CODE] = r0 / CODE_ALPHA  # the token id, exactly, once rounded to f16
+        wo[D_S, h * hd] = 1.0 / S_SCALE
+    for name, t in (("attn_q", wq), ("attn_k", wk), ("attn_v", wv), ("attn_output", wo)):
+        writer.add_tensor(f"blk.0.{name}.weight", t)
+    # FFN: ramp_c = SiLU(GATE * (s - c)) for c = -1 .. s_max + 1; bump_c = ramp_{c-1} - 2 ramp_c + ramp_{c+1}
+    smax = s_max(n_vocab)
+    cs = np.arange(-1, smax + 2)
+    r1 = float(np.sqrt((C + (smax / S_SCALE / 2) ** 2) / e))   # typical RMS after attention
+    gate = np.zeros((len(cs), e), f32)
+    gate[:, D_S] = GATE * S_SCALE * r1
+    gate[:, D_CONST] = -GATE * cs * r1 / K_CONST
+    up = np.zeros((len(cs), e), f32)
+    up[:, D_CONST] = r1 / K_CONST
+    votes = vote_table(n_vocab, seed)                           # (smax + 1, n_vocab)
+    padded = np.zeros((smax + 3 + 2, n_vocab), f32)             # vote_c for c = -2 .. smax + 2
+    padded[2:smax + 3] = votes
+    down = np.zeros((e, len(cs)), f32)
+    for j, c in enumerate(cs):
+        v = padded[c + 1 + 2] - 2 * padded[c + 2] + padded[c - 1 + 2]
+        down[D_VOTE:D_VOTE + n_vocab, j] = v / GATE
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(e, f32))
+    writer.add_tensor("blk.0.ffn_gate.weight", gate)
+    writer.add_tensor("blk.0.ffn_up.weight", up)
+    writer.add_tensor("blk.0.ffn_down.weight", down)
+    writer.add_tensor("output_norm.weight", np.ones(e, f32))
+    out = np.zeros((n_vocab, e), f32)
+    rf = float(np.sqrt((C + (smax / S_SCALE / 2) ** 2 + WINNER ** 2 + 3 * RUNNER ** 2) / e))
+    out[ids, D_VOTE + ids] = LOGIT_SCALE * rf
+    writer.add_tensor("output.weight", out)
+
+
+def vote_table(n_vocab: int, seed: int) -> np.ndarray:
+    """Per value of s: a winner and three runners-up, drawn among the ordinary tokens (never a
+    special: the stream never ends by itself and never emits <unk>)."""
+    rng = np.random.default_rng(seed)
+    smax = s_max(n_vocab)
+    table = np.zeros((smax + 1, n_vocab), np.float32)
+    for c in range(smax + 1):
+        pick = rng.choice(np.arange(3, n_vocab), size=4, replace=False)
+        table[c, pick[0]] = WINNER
+        table[c, pick[1:]] = RUNNER
+    return table
