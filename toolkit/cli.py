@@ -359,8 +359,8 @@ def demo_cmd(repeat, report_dir, model_name, as_json) -> None:
     ui = UI(quiet=as_json)
     with ui.step(f"fetch {source.DEFAULT_PACKAGE} {source.DEFAULT_VERSION}"):
         tree = source.fetch(progress=ui.say)
-    with ui.step("tiny model"):
-        m = model_mod.ensure()
+    with ui.step(f"{model_name or model_mod.DEFAULT} model"):
+        m = model_mod.resolve(model_name or model_mod.DEFAULT, ui.say)
         ui.say(f"    {m.path} sha256 {m.sha256[:16]}")
     r = source.open_repo(tree.path)
     wls = [workload.load(w) for w in (pipeline.REAL_SUITE if model_name in model_mod.REAL else pipeline.SUITE)]

@@ -17,6 +17,7 @@ from .cli import cli
 from .cli_options import (candidate_options, default_base, emit_json, model_option, open_repo,
                           repo_option)
 from .errors import UsageError
+from .sensitivity import KINDS as SENS_KINDS
 from .ui import UI, help_list
 
 
@@ -364,3 +365,70 @@ def upstream_tests_cmd(repo, base_ref, candidate_ref, tests, repeat, text_model,
         click.echo(f"report: {path}")
         click.echo("PASS" if res.ok else "FAIL")
     sys.exit(0 if res.ok else 1)
+
+
+@cli.command("sensitivity")
+@repo_option()
+@click.option("--ref", default=None, help="The tree whose libllama runs the harness (default: HEAD; the baseline on "
+              "the fetched tree). A server patch does not change it: every patched tree of one base shares it.")
+@click.option("--model", "models", multiple=True, help="A tiny family (witness, tiny, gemma2, lfm2) or a .gguf path; "
+              "repeatable, one column each (default: witness, tiny, gemma2, lfm2).")
+@click.option("--trials", default=50, show_default=True, type=click.IntRange(1, 100000),
+              help="Histories per model; every kind perturbs each one once.")
+@click.option("--gen", "n_gen", default=64, show_default=True, type=click.IntRange(1, 1024),
+              help="A perturbation counts as seen when the continuation differs within this many tokens.")
+@click.option("--seed", default=1, show_default=True, help="Seed of the histories, positions and sampler seeds.")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(list(SENS_KINDS)),
+              help="Only these kinds (repeatable; default: all).")
+@click.option("--min-share", default=None, type=click.FloatRange(0, 1), help="Exit 1 when the FIRST model sees "
+              "less than this share of any kind (e.g. 0.99 for the witness).")
+@click.option("--json", "as_json", is_flag=True)
+def sensitivity_cmd(repo, ref, models, trials, n_gen, seed, kinds, min_share, as_json) -> None:
+    """Measure the oracle: what a one-cell change of the KV history does to a model's stream.
+
+    A C++ harness against the tree's own libllama (compiled once per library content) decodes
+    seeded histories of 300-900 cells, perturbs each with llama.cpp's memory API (drop, duplicate,
+    change, shift, overlap, another sequence's cell, a sampler reset) and counts the continuations
+    that differ within --gen tokens. The row `batch` continues the same history beside other
+    sequences, in another batch shape: a divergence there is noise, and makes the exit 1.
+
+    \b
+    Examples:
+      patchkit sensitivity                                   # witness vs tiny, gemma2, lfm2, 50 histories
+      patchkit sensitivity --model witness --trials 1000 --min-share 0.99
+      patchkit sensitivity --repo ~/llama.cpp --model my.gguf --kind change --kind batch --json
+    """
+    from . import sensitivity as sens
+
+    ui = UI(quiet=as_json)
+    r = open_repo(repo, ui)
+    ref = default_base(ref, repo) or "HEAD"
+    commit = r.git.rev_parse(f"{ref}^{{commit}}")
+    with ui.step("perturbation harness"):
+        binary = sens.harness(r, commit, progress=ui.progress)
+    results = []
+    for name in models or ("witness", "tiny", "gemma2", "lfm2"):
+        with ui.step(f"perturb {trials} histories on {name}"):
+            results.append(sens.measure(binary, name, trials=trials, n_gen=n_gen, seed=seed,
+                                        kinds=tuple(kinds) or sens.KINDS, progress=ui.progress))
+    noisy = [m.model for m in results if m.kind("batch").detected] if "batch" in (kinds or sens.KINDS) else []
+    weak = []
+    if min_share is not None:
+        weak = [k.kind for k in results[0].kinds if k.kind != "batch" and k.share is not None and k.share < min_share]
+    if as_json:
+        emit_json({"commit": commit, "trials": trials, "n_gen": n_gen, "seed": seed,
+                   "models": [{"model": m.model, "seconds": round(m.seconds, 1),
+                               "kinds": {k.kind: {"trials": k.trials, "detected": k.detected, "refused": k.refused,
+                                                  "share": k.share, "median_at": k.median_at} for k in m.kinds}}
+                              for m in results],
+                   "batch_divergent": noisy, "below_min_share": weak})
+    else:
+        click.echo(sens.table(results))
+        for kind in results[0].kinds:
+            click.echo(f"  {kind.kind}: {sens.MEANING[kind.kind]}")
+        if noisy:
+            click.echo(f"NOT BATCH-INVARIANT: {', '.join(noisy)} (a stream compared with its control can differ "
+                       "without any bug)")
+        if weak:
+            click.echo(f"BELOW {min_share}: {results[0].model} on {', '.join(weak)}")
+    sys.exit(1 if noisy or weak else 0)

@@ -129,12 +129,15 @@ def one_victim(m: Measured, witness_expected: bool = False) -> list[Check]:
         _check("victim-error-text", all(o.error == EXCEEDED for o in errored),
                f"victims got {sorted({o.error for o in errored}) or 'nothing'}"),
     ]
-    wrong = [e for e in evs if not set(e.terminated) <= set(e.expected) or e.margin <= e.uncertainty]
+    # expected: every slot within the measured doubt of the policy's choice (a tie is a set of right
+    # victims); a victim outside that band is evidence against the patch
+    wrong = [e for e in evs if not set(e.terminated) <= set(e.expected)]
     checks.append(_check(
         f"victim-is-{policy}", bool(evs) and not wrong,
-        "; ".join(f"terminated {list(e.terminated)}, measured {policy}: {list(e.expected)} "
-                  f"(margin {e.margin} cells, uncertainty {e.uncertainty})"
-                  + (" AMBIGUOUS" if e.margin <= e.uncertainty and set(e.terminated) <= set(e.expected) else "")
+        "; ".join(f"terminated {list(e.terminated)}, measured {policy}: {list(e.expected)}"
+                  + (f" (tied within {e.uncertainty} cells: any of them is right)" if len(e.expected) > 1 else
+                     f" (margin {e.margin} cells, uncertainty {e.uncertainty})")
+                  + ("" if set(e.terminated) <= set(e.expected) else " OUTSIDE the policy's choice")
                   for e in evs) or "no eviction measured"))
     checks.append(witness(m, witness_expected))
     checks.append(victim_stops(m))

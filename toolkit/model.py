@@ -32,6 +32,7 @@ class ModelSpec:
     arch: str = "llama"         # llama | gemma2 (sliding window, iSWA cache) | lfm2 (hybrid: short conv + attention)
     #                             | witness (llama, weights by construction: toolkit/witness.py)
     sliding_window: int = 0     # gemma2: smaller than the workloads' prompts
+    witness_reach: int = 1024   # witness: its farthest head (0: only the last four cells, a blind variant)
 
 
 TINY = ModelSpec()
@@ -45,6 +46,8 @@ LFM2 = ModelSpec(name="tiny-lfm2", arch="lfm2", n_layer=3, seed=3031)
 # The oracle's model: every token depends on the last 1024 cells, their positions and the sampler
 # (toolkit/witness.py; its shape comes from there, these fields only name it)
 WITNESS = ModelSpec(name="witness", arch="witness", n_layer=1, seed=33)
+# the model a workload is served by unless it names another: the one whose stream sees the cells
+DEFAULT = "witness"
 # the tiny families, by the name workloads and `--model` use
 FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2, "witness": WITNESS}
 
@@ -155,7 +158,7 @@ def _write_witness(spec: ModelSpec, path: Path) -> None:
     writer.add_context_length(spec.context_length)
     writer.add_embedding_length(e)
     writer.add_block_count(1)
-    writer.add_feed_forward_length(witness.n_ff(n_vocab))
+    writer.add_feed_forward_length(witness.n_ff(n_vocab, spec.witness_reach))
     witness.keys(writer, spec)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _tokenizer(writer, gguf)

@@ -154,10 +154,12 @@ def _choose(slots: list[SlotAt], policy: str, wl: Workload,
     sign = 1 if policy == "largest" else -1
     ranked = sorted(slots, key=lambda s: sign * s.cells, reverse=True)
     best = ranked[0]
-    tied = tuple(s.slot for s in ranked if s.cells == best.cells)
-    if len(ranked) == 1:
-        return tied, 0, best.spread
-    runner = next((s for s in ranked if s.cells != best.cells), ranked[-1])
+    # the policy's own equivalence: every slot within the measurement's doubt of the best is a right
+    # victim (four equal requests: any of the four); the margin is over the first slot outside that band
+    tied = tuple(s.slot for s in ranked if abs(best.cells - s.cells) <= best.spread + s.spread)
+    runner = next((s for s in ranked if s.slot not in tied), None)
+    if runner is None:
+        return tied, 0, max(s.spread for s in ranked)
     return tied, abs(best.cells - runner.cells), best.spread + runner.spread
 
 

@@ -69,11 +69,20 @@ class ModelSensitivity:
         return next(k for k in self.kinds if k.kind == name)
 
 
+LIBRARY_DIRS = ("include", "src", "ggml", "CMakeLists.txt", "cmake")
+
+
+def library_content(repo: git.Repo, commit: str) -> str:
+    """What libllama is built from: a server patch leaves it alone, so the base and every patched
+    tree of one base share one harness (and one sensitivity measurement)."""
+    return cache.digest(*(repo.git.rev_parse(f"{commit}:{d}") for d in LIBRARY_DIRS
+                          if repo.git.ls_tree(commit, d)))
+
+
 def harness(repo: git.Repo, commit: str, opts: build_mod.Options = build_mod.Options(),
             progress=log_progress) -> Path:
     """The compiled program for this tree content: built once, then served from the cache."""
-    tree = repo.git.rev_parse(f"{commit}^{{tree}}")
-    key = cache.digest(tree, opts.key(), SOURCE.read_bytes(), n=16)
+    key = cache.digest(library_content(repo, commit), opts.key(), SOURCE.read_bytes(), n=16)
     out = cache.sub("harness") / f"sensitivity-{key}"
     if out.exists():
         return out

@@ -32,7 +32,7 @@ class WorkloadResult:
     candidate: tuple[Run, ...]
     control: Run | None
     verdicts: tuple[compare.Verdict, ...]
-    model: str = "tiny"
+    model: str = "witness"
     model_sha256: str = ""
     # upstream-unified only: llama.cpp's own test's rule on the same runs, beside patchkit's verdict
     # (shown in the reports; it decides nothing: `ok` is patchkit's verdicts alone)

@@ -8,8 +8,8 @@ The argument is in docs/DESIGN.md ("The witness model"); in short, one layer:
   compensating dimension), so RMSNorm scales every token alike.
 - Attention: one head per distance D in DISTANCES. Its query and key come from the constant
   dimension only, RoPE-rotated (base ROPE_BASE, 8 pairs), so the score of a cell at distance d is
-  KAPPA^2 * sum_i cos(theta_i * (D - d)): the cell exactly D back wins by at least
-  KAPPA^2 * 1.07 / 4 = 274 logits (min over d != D in 0..4096), so exp() gives it weight 1.0 and every
+  KAPPA^2 * sum_i cos(theta_i * (D - d)) / 4: the cell exactly D back wins by at least 274
+  logits (min over 0 < |D - d| < 4200: score_gap()), so exp() gives it weight 1.0 and every
   other cell 0.0, bit for bit, wherever the cells sit in the pool. Its value is the cell's token id,
   which f16 holds exactly. The heads' outputs sum (exactly, integers / 64) into one dimension:
   s = sum over D of the token D cells back.
@@ -19,18 +19,29 @@ The argument is in docs/DESIGN.md ("The witness model"); in short, one layer:
   noise is ~1e-5); a seeded temperature picks among four, so the RNG and the penalties matter.
 - With heads 64 apart back to 1024, each of the last 1024 cells is read by some head within 64
   generated tokens; a cell changed, dropped, duplicated, shifted or borrowed from another sequence
-  changes s at that step, and the vote of another s wins (a different token in 110 of 111 cases).
+  changes s at that step, and the vote of another s wins (another winner in 109 of 110 cases).
 """
 from __future__ import annotations
 
 import numpy as np
 
-HEAD_DIM = 16                   # 8 RoPE pairs per head
+HEAD_DIM = 16                   # 8 RoPE pairs per head (4 pairs measured 2x slower prompts: ggml's
+#                                 KQ product over 8 elements; and their least deficit is 7x smaller)
 ROPE_BASE = 10.0                # theta_i = 10^(-i/8): 1 .. 0.0056 rad/position
-KAPPA = 32.0                    # |q| = |k| per pair: scores up to 32^2 * 8 / 4 = 2048, gap >= 274
-# the distances the heads read: the cell itself, the three before, then every 64th back to 1024
-DISTANCES = (0, 1, 2, 3) + tuple(64 * k for k in range(1, 17))
-REACH = DISTANCES[-1] + 63      # the oldest cell a 64-token continuation still reads
+KAPPA = 32.0                    # |q| = |k| per pair: the matching cell's score 32^2 * 8 / 4 = 2048,
+#                                 every other cell's at least 32^2 * 1.0718 / 4 = 274 below
+#                                 (1.0718: the least deficit of sum_i cos(theta_i m) over 0 < |m| < 4200, at m = 1)
+MAX_DISTANCE = 4200                 # the farthest two cells of one sequence the margin is argued for
+
+
+def distances(reach: int = 1024) -> tuple[int, ...]:
+    """The distances the heads read: the cell itself, the three before, then every 64th back to
+    `reach`. With 64 generated tokens each head sweeps 64 cells, so every one of the last
+    reach + 63 cells is read by some head at some step."""
+    return (0, 1, 2, 3) + tuple(64 * k for k in range(1, reach // 64 + 1))
+
+
+DISTANCES = distances()
 S_SCALE = 64.0                  # s enters the residual as s / 64 (a power of two: exact)
 GATE = 12.0                     # SiLU(-12) = -7e-5: a ramp below its integer is off
 WINNER, RUNNER = 16.0, 15.36    # residual vote; the output scales them to ~12.5 and ~12.0 logits
@@ -42,20 +53,29 @@ D_VOTE = 4                       # D_VOTE + token id: the vote for that token
 K_CONST, CODE_ALPHA = 64.0, 0.25
 
 
+def score_gap(hd: int = HEAD_DIM, base: float = ROPE_BASE, kappa: float = KAPPA, span: int = MAX_DISTANCE) -> float:
+    """The least margin (in softmax logits) by which the cell at the head's distance beats any other
+    cell within `span`: above ~104, exp() of every other cell is exactly 0.0f."""
+    theta = base ** (-2.0 * np.arange(hd // 2) / hd)
+    m = np.arange(1, span)
+    deficit = hd // 2 - np.cos(np.outer(m, theta)).sum(1).max()
+    return kappa ** 2 * deficit / np.sqrt(hd)
+
+
 def n_embd(n_vocab: int) -> int:
     return -(-(D_VOTE + n_vocab) // 16) * 16
 
 
-def s_max(n_vocab: int) -> int:
-    return len(DISTANCES) * (n_vocab - 1)
+def s_max(n_vocab: int, reach: int = 1024) -> int:
+    return len(distances(reach)) * (n_vocab - 1)
 
 
-def n_ff(n_vocab: int) -> int:
-    return s_max(n_vocab) + 3      # ramps at c = -1 .. s_max + 1
+def n_ff(n_vocab: int, reach: int = 1024) -> int:
+    return s_max(n_vocab, reach) + 3      # ramps at c = -1 .. s_max + 1
 
 
 def keys(writer, spec) -> None:
-    n_head = len(DISTANCES)
+    n_head = len(distances(spec.witness_reach))
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head)
     writer.add_key_length(HEAD_DIM)
@@ -67,7 +87,8 @@ def keys(writer, spec) -> None:
 
 def tensors(writer, spec, n_vocab: int, seed: int) -> None:
     """Every weight, by construction; the only randomness is the vote table (seeded)."""
-    e, n_head, hd = n_embd(n_vocab), len(DISTANCES), HEAD_DIM
+    dists = distances(spec.witness_reach)
+    e, n_head, hd = n_embd(n_vocab), len(dists), HEAD_DIM
     f32 = np.float32
     # embeddings: constant sum of squares C, so every token's RMS is r0
     C = K_CONST ** 2 + ((n_vocab - 1) * CODE_ALPHA) ** 2
@@ -86,7 +107,7 @@ def tensors(writer, spec, n_vocab: int, seed: int) -> None:
     wv = np.zeros((n_head * hd, e), f32)
     wo = np.zeros((e, n_head * hd), f32)
     unit = r0 / K_CONST                      # normalised constant dimension -> 1
-    for h, dist in enumerate(DISTANCES):
+    for h, dist in enumerate(dists):
         for i, th in enumerate(theta):
             wq[h * hd + 2 * i, D_CONST] = KAPPA * np.cos(th * dist) * unit
             wq[h * hd + 2 * i + 1, D_CONST] = -KAPPA * np.sin(th * dist) * unit
@@ -96,7 +117,7 @@ def tensors(writer, spec, n_vocab: int, seed: int) -> None:
     for name, t in (("attn_q", wq), ("attn_k", wk), ("attn_v", wv), ("attn_output", wo)):
         writer.add_tensor(f"blk.0.{name}.weight", t)
     # FFN: ramp_c = SiLU(GATE * (s - c)) for c = -1 .. s_max + 1; bump_c = ramp_{c-1} - 2 ramp_c + ramp_{c+1}
-    smax = s_max(n_vocab)
+    smax = s_max(n_vocab, spec.witness_reach)
     cs = np.arange(-1, smax + 2)
     r1 = float(np.sqrt((C + (smax / S_SCALE / 2) ** 2) / e))   # typical RMS after attention
     gate = np.zeros((len(cs), e), f32)
@@ -104,7 +125,7 @@ def tensors(writer, spec, n_vocab: int, seed: int) -> None:
     gate[:, D_CONST] = -GATE * cs * r1 / K_CONST
     up = np.zeros((len(cs), e), f32)
     up[:, D_CONST] = r1 / K_CONST
-    votes = vote_table(n_vocab, seed)                           # (smax + 1, n_vocab)
+    votes = vote_table(n_vocab, seed, spec.witness_reach)                           # (smax + 1, n_vocab)
     padded = np.zeros((smax + 3 + 2, n_vocab), f32)             # vote_c for c = -2 .. smax + 2
     padded[2:smax + 3] = votes
     down = np.zeros((e, len(cs)), f32)
@@ -122,11 +143,11 @@ def tensors(writer, spec, n_vocab: int, seed: int) -> None:
     writer.add_tensor("output.weight", out)
 
 
-def vote_table(n_vocab: int, seed: int) -> np.ndarray:
+def vote_table(n_vocab: int, seed: int, reach: int = 1024) -> np.ndarray:
     """Per value of s: a winner and three runners-up, drawn among the ordinary tokens (never a
     special: the stream never ends by itself and never emits <unk>)."""
     rng = np.random.default_rng(seed)
-    smax = s_max(n_vocab)
+    smax = s_max(n_vocab, reach)
     table = np.zeros((smax + 1, n_vocab), np.float32)
     for c in range(smax + 1):
         pick = rng.choice(np.arange(3, n_vocab), size=4, replace=False)

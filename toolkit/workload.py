@@ -115,7 +115,7 @@ class Workload:
     requests: tuple[Request, ...]
     expect: Expect
     path: Path | None = None
-    model: str = "tiny"             # a tiny family (model.FAMILIES), a real model (model.REAL) or a .gguf path
+    model: str = "witness"          # a tiny family (model.FAMILIES), a real model (model.REAL) or a .gguf path
 
     def control(self) -> "Workload":
         """Same requests, a pool big enough for all of them: the no-overflow control."""
@@ -176,4 +176,4 @@ def parse(data: dict, path: Path | None = None) -> Workload:
         raise ValueError(f"request slots {slots} must be distinct and within 0..{flags.parallel - 1}")
     exp = Expect(**data.get("expect", {}))
     return Workload(data["name"], data.get("description", ""), data.get("sizing", ""), flags,
-                    tuple(reqs), exp, path, str(data.get("model", "tiny")))
+                    tuple(reqs), exp, path, str(data.get("model", "witness")))
