@@ -417,10 +417,7 @@ def sensitivity_cmd(repo, ref, models, trials, n_gen, seed, kinds, min_share, as
         weak = [k.kind for k in results[0].kinds if k.kind != "batch" and k.share is not None and k.share < min_share]
     if as_json:
         emit_json({"commit": commit, "trials": trials, "n_gen": n_gen, "seed": seed,
-                   "models": [{"model": m.model, "seconds": round(m.seconds, 1),
-                               "kinds": {k.kind: {"trials": k.trials, "detected": k.detected, "refused": k.refused,
-                                                  "share": k.share, "median_at": k.median_at} for k in m.kinds}}
-                              for m in results],
+                   "models": [sens.to_json(m) for m in results],
                    "batch_divergent": noisy, "below_min_share": weak})
     else:
         click.echo(sens.table(results))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import compare, coverage, measure
+from . import compare, coverage, measure, sensitivity
 from .verify import Result, WorkloadResult
 from .record import Run
 from .workload import Workload
@@ -117,6 +117,7 @@ def to_json(res: Result) -> dict:
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source,
         "policy": res.policy if res.own else None, "policy_measured": policy_text(res), "layout": res.layout,
         "model_sha256": res.model_sha256,
+        "sensitivity": {name: (r if isinstance(r, str) else sensitivity.to_json(r)) for name, r in res.sensitivity},
         "expect": res.expect, "expect_why": res.expect_why,
         "timings_s": {k: round(v, 2) for k, v in res.timings},
         "workloads": {},
@@ -222,6 +223,7 @@ def text_table(res: Result) -> str:
         w = max(len(c.shape) for c in res.coverage)
         lines += [f"  {c.shape:<{w}}  {c.where()}" for c in res.coverage]
         lines.append("")
+    lines += [sensitivity.line(r, name) for name, r in res.sensitivity]
     lines.append(summary_line(res))
     return "\n".join(lines)
 
@@ -233,7 +235,8 @@ def write(res: Result, out_dir: Path) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(data, indent=2) + "\n")
     ctx = {"res": res, "data": data, "headers": headers, "rows": table_rows, "goodput": compare.goodput,
            "policy": policy_text(res),
-           "timeline": timeline_svg}
+           "timeline": timeline_svg,
+           "sensitivity_lines": [sensitivity.line(r, name) for name, r in res.sensitivity]}
     paths["md"].write_text(TEMPLATES.get_template("report.md.j2").render(**ctx))
     paths["html"].write_text(TEMPLATES.get_template("report.html.j2").render(**ctx))
     return paths

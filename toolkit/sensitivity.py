@@ -23,7 +23,7 @@ import git
 from . import anchors, cache, proc
 from . import build as build_mod
 from . import model as model_mod
-from .errors import EnvironmentProblem, PatchError
+from .errors import BuildError, EnvironmentProblem, PatchError
 from .ui import heartbeat, log_progress
 
 SOURCE = Path(__file__).parent / "templates" / "sensitivity.cpp"
@@ -49,6 +49,8 @@ class KindResult:
     detected: int        # continuations that differ within n_gen tokens (for "batch": divergences)
     refused: int         # the memory refused the edit (e.g. a recurrent layer cannot drop one cell)
     median_at: float | None  # median generated index of the first difference, among the detected
+    identical: int = 0   # of the undetected: the edit left a bit-identical cell (cross: the other
+    #                      sequence's cell holds the very token of the cell at its position)
 
     @property
     def share(self) -> float | None:
@@ -86,8 +88,16 @@ def harness(repo: git.Repo, commit: str, opts: build_mod.Options = build_mod.Opt
     out = cache.sub("harness") / f"sensitivity-{key}"
     if out.exists():
         return out
-    build_mod.build(repo, commit, opts, progress, in_workspace=True)   # the tree's static libraries
     with build_mod.held(repo, commit, opts, progress) as ws:
+        # only the libraries (Ninja's target `llama` and the ggml ones it needs): a no-op where
+        # this workspace built the tree's llama-server, whatever server patch it carried
+        progress(f"building libllama at {commit[:12]} (a no-op when the workspace built it)")
+        with heartbeat(progress, lambda: "building libllama"):
+            res = proc.stream(["ninja", "-C", ws.build, "llama"], log_path=ws.log, env=build_mod._env(ws.root),
+                              timeout=3600)
+        if res.rc != 0:
+            raise BuildError(f"libllama did not build at {commit[:12]}: {build_mod.first_error(res.out)}",
+                             log=str(ws.log))
         rel = anchors.find_server_file(ws.src)
         cmd = ws.compile_command(rel)
         work = ws.root / "sensitivity"
@@ -134,7 +144,8 @@ def summarise(rows: list[dict], model_name: str, trials: int, n_gen: int, seed: 
         refused = sum(1 for r in mine if r["diverged"] == -2)
         hits = sorted(r["diverged"] for r in mine if 0 <= r["diverged"] < n_gen)
         med = float(hits[len(hits) // 2]) if hits else None
-        out.append(KindResult(kind, len(mine), len(hits), refused, med))
+        same = sum(1 for r in mine if r["diverged"] == -1 and r.get("note") == "identical")
+        out.append(KindResult(kind, len(mine), len(hits), refused, med, same))
     return ModelSensitivity(model_name, trials, n_gen, seed, tuple(out), seconds)
 
 
@@ -152,7 +163,65 @@ def table(results: list[ModelSensitivity]) -> str:
             elif kind.kind == "batch":
                 row.append(f"{k.detected}/{n} diverged")
             else:
-                row.append(f"{k.detected}/{n} ({100 * k.detected / n:.1f} %)")
+                row.append(f"{k.detected}/{n} ({100 * k.detected / n:.1f} %)"
+                           + (f", {k.identical} missed: a bit-identical cell" if k.identical else ""))
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+REPORT_TRIALS, REPORT_SEED = 10, 1
+
+
+def for_report(repo: git.Repo, commit: str, model_name: str, opts: build_mod.Options = build_mod.Options(),
+               progress=log_progress) -> ModelSensitivity | str:
+    """The model's sensitivity as every report states it beside the verdict: REPORT_TRIALS
+    histories of every kind, measured once per (library content, model file) and cached; a reason
+    (str) where it cannot be measured (a sanitizer build, a tree whose libllama predates the memory
+    API, a model the harness cannot load)."""
+    if opts.sanitize:
+        return "not measured on a sanitizer build (its libraries need the sanitizer's runtime)"
+    try:
+        m = model_mod.resolve(model_name, progress)
+        key = cache.digest(library_content(repo, commit), opts.key(), SOURCE.read_bytes(), m.sha256,
+                           REPORT_TRIALS, REPORT_SEED, n=16)
+        path = cache.sub("sensitivity") / f"{key}.json"
+        if path.exists():
+            return from_json(json.loads(path.read_text()))
+        binary = harness(repo, commit, opts, progress)
+        res = measure(binary, model_name, trials=REPORT_TRIALS, seed=REPORT_SEED, progress=progress)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(to_json(res)))
+        tmp.replace(path)
+        return res
+    except (PatchError, BuildError, EnvironmentProblem) as e:
+        return f"not measured: {str(e).splitlines()[0][:200]}"
+
+
+def to_json(r: ModelSensitivity) -> dict:
+    return {"model": r.model, "trials": r.trials, "n_gen": r.n_gen, "seed": r.seed, "seconds": round(r.seconds, 1),
+            "kinds": {k.kind: {"trials": k.trials, "detected": k.detected, "refused": k.refused,
+                               "identical": k.identical, "share": k.share, "median_at": k.median_at}
+                      for k in r.kinds}}
+
+
+def from_json(d: dict) -> ModelSensitivity:
+    return ModelSensitivity(d["model"], d["trials"], d["n_gen"], d["seed"],
+                            tuple(KindResult(name, k["trials"], k["detected"], k["refused"], k["median_at"],
+                                             k.get("identical", 0)) for name, k in d["kinds"].items()),
+                            d.get("seconds", 0.0))
+
+
+def line(r: ModelSensitivity | str, model_name: str = "") -> str:
+    """One line for a report: what the stream of this model sees."""
+    if isinstance(r, str):
+        return f"model {model_name}: sensitivity {r}"
+    parts = []
+    for k in r.kinds:
+        n = k.trials - k.refused
+        if k.kind == "batch":
+            parts.append(f"batch-invariant {n - k.detected}/{n}" if n else "batch n/a")
+        else:
+            parts.append(f"{k.kind} {k.detected}/{n}" if n else f"{k.kind} n/a")
+    return (f"model {r.model}: a one-cell change of the history seen within {r.n_gen} tokens: "
+            + ", ".join(parts) + f" ({r.trials} histories, `patchkit sensitivity`)")

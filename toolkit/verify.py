@@ -16,6 +16,7 @@ import git
 from .errors import UsageError
 
 from . import build as build_mod
+from . import sensitivity
 from . import compare, measure, model, upstream_unified
 from . import coverage as coverage_mod
 from .record import Run
@@ -63,6 +64,9 @@ class Result:
     # the candidate is patchkit's own series (its policy is its promise); else its policy is only
     # what was measured, and the reports say so (issue 28)
     own: bool = True
+    # per model served: what a one-cell change of its history does to its stream (sensitivity.py),
+    # or why it was not measured: the strength of every "equals its control" above rests on it
+    sensitivity: tuple[tuple[str, object], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -116,6 +120,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         say(f"  {c_name} binary: {cand_bin.binary}"
             f"{' (cached)' if cand_bin.reused else f' ({cand_bin.seconds:.0f} s)'}")
     models = {name: model.resolve(name, say) for name in dict.fromkeys(model_name or w.model for w in workloads)}
+    sens = tuple((name, sensitivity.for_report(repo, base_commit, name, opts, progress)) for name in models
+                 if name in model.FAMILIES)
     draft = model.ensure(model.DRAFT) if any(w.server.draft for w in workloads) else None
     work_dir.mkdir(parents=True, exist_ok=True)
 
@@ -200,7 +206,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
-                  applied, why, coverage=cov, own=evicting_patch or not candidate_commit)
+                  applied, why, coverage=cov, own=evicting_patch or not candidate_commit, sensitivity=sens)
 
 
 def expectations(expect: str, recorded, patch: str | None = None,

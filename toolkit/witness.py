@@ -19,7 +19,8 @@ The argument is in docs/DESIGN.md ("The witness model"); in short, one layer:
   noise is ~1e-5); a seeded temperature picks among four, so the RNG and the penalties matter.
 - With heads 64 apart back to 1024, each of the last 1024 cells is read by some head within 64
   generated tokens; a cell changed, dropped, duplicated, shifted or borrowed from another sequence
-  changes s at that step, and the vote of another s wins (another winner in 109 of 110 cases).
+  changes s at that step, and another winner wins: the winner is linear in s modulo the 110
+  candidates, so no change of one token maps s to the same winner (vote_table()).
 """
 from __future__ import annotations
 
@@ -143,14 +144,48 @@ def tensors(writer, spec, n_vocab: int, seed: int) -> None:
     writer.add_tensor("output.weight", out)
 
 
+STRIDE, OFFSET = 37, 11         # the winner of s: candidate (37 s + 11) mod 110 (37 is coprime to 110)
+
+
 def vote_table(n_vocab: int, seed: int, reach: int = 1024) -> np.ndarray:
-    """Per value of s: a winner and three runners-up, drawn among the ordinary tokens (never a
-    special: the stream never ends by itself and never emits <unk>)."""
+    """Per value of s: a winner and three runners-up, among the ordinary tokens (never a special:
+    the stream never ends by itself and never emits <unk>).
+
+    - The winner is LINEAR in s modulo the 110 candidates: s and s + d (0 < |d| < 110) never share
+      a winner. One cell holding another token moves s by less than 110, so whenever a head reads
+      it, greedy's next token changes: no 1-in-110 coincidence of a random table.
+    - Two of the three runners-up are SHARED with the neighbours: one with s - 1, one with s + 1.
+      A fractional s (a head reading two cells at once: another sequence's cell at the same
+      position, a hole between two cells) mixes the votes of its two integers, and their shared
+      runner-up (15.36 from both halves, against <= 8 for either winner) wins: a token neither
+      integer's winner is. The third runner-up is drawn at random (seeded)."""
     rng = np.random.default_rng(seed)
     smax = s_max(n_vocab, reach)
+    cand = np.arange(3, n_vocab)
+    n = len(cand)
+    win = [int(cand[(STRIDE * k + OFFSET) % n]) for k in range(smax + 1)]
+
+    def draw(avoid: set[int]) -> int:
+        while True:
+            t = int(rng.choice(cand))
+            if t not in avoid:
+                return t
+
+    near = lambda k: {win[j] for j in range(k - 1, k + 3) if 0 <= j <= smax}  # noqa: E731
+    shared = []                                   # shared[k]: the runner-up of both k and k + 1
+    for k in range(smax):
+        shared.append(draw(near(k) | set(shared[-2:])))   # k's two shared runners-up differ, and
+        #                                                      k + 1 shares only one with k
     table = np.zeros((smax + 1, n_vocab), np.float32)
-    for c in range(smax + 1):
-        pick = rng.choice(np.arange(3, n_vocab), size=4, replace=False)
-        table[c, pick[0]] = WINNER
-        table[c, pick[1:]] = RUNNER
+    third = None
+    for k in range(smax + 1):
+        runners = {shared[j] for j in (k - 1, k) if 0 <= j < smax}
+        # the third: shared with nobody (not a neighbour's runner-up nor winner), so two
+        # neighbours have exactly one runner-up in common
+        others = {shared[j] for j in (k - 2, k + 1) if 0 <= j < smax} | {third}
+        while len(runners) < 3:
+            third = draw(runners | others | {win[j] for j in (k - 1, k, k + 1) if 0 <= j <= smax})
+            runners.add(third)
+        table[k, win[k]] = WINNER
+        table[k, sorted(runners)] = RUNNER
     return table

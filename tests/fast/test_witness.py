@@ -108,3 +108,20 @@ def test_the_blind_variant_has_no_far_heads(tmp_path):
     tokens[-1 - 512] = 3 + (tokens[-1 - 512] - 3 + 1) % (blind.n_vocab - 3)
     b, _ = _forward(blind.path, tokens)
     assert (a == b).all()
+
+
+def test_no_change_of_one_token_keeps_the_winner_and_a_mixture_picks_a_third_token():
+    """The vote table's two guarantees (witness.vote_table): s and s + d never share a winner for
+    0 < |d| < 110 (one token changed moves s by less), and the even mix of two neighbouring
+    integers (a head reading two cells) is won by their shared runner-up, neither's winner."""
+    n_vocab = len(model.vocabulary())
+    t = witness.vote_table(n_vocab, model.WITNESS.seed)
+    win = t.argmax(1)
+    for d in range(1, n_vocab - 3):
+        assert (win[d:] != win[:-d]).all(), d
+    assert (win[110:] == win[:-110]).all()    # and the period is exactly the candidates' count
+    mix = (t[:-1] + t[1:]) / 2
+    third = mix.argmax(1)
+    assert (third != win[:-1]).all() and (third != win[1:]).all()
+    assert (mix.max(1) - np.sort(mix, 1)[:, -2] > 7).all()
+    assert (win >= 3).all() and not t[:, :3].any()   # never a special token
