@@ -20,8 +20,19 @@ from . import proc, source, workload
 from .cli_options import (SANITIZE_ONLY_HELP, build_options, candidate_options, default_base, emit_json,
                           expect_option, json_option, model_option, open_repo, policy_option, repo_option,
                           workloads_option)
-from .errors import EXIT_CODES, Interrupted, PatchkitError, UsageError
+from .errors import EXIT_CODES, INCONCLUSIVE, Interrupted, PatchkitError, UsageError
 from .ui import UI
+
+
+OUTCOME_EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": INCONCLUSIVE}
+
+
+def outcome_line(outcome: str) -> str:
+    if outcome == "INCONCLUSIVE":
+        return ("INCONCLUSIVE: nothing failed, but the runs did not show everything they were designed to (see "
+                "'inconclusive' and 'not reached' above): run with --repeat 3, on a quieter machine, or check "
+                "that upstream's log still prints what the check reads")
+    return outcome
 
 
 def _sigterm(signum, frame):
@@ -230,8 +241,9 @@ def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, po
                               progress=ui.progress, opts=build_options(sanitize, None, sanitize_only))
         upstream.write(up, out_dir / "upstream")
     ok = res.ok and (up is None or up.ok)
+    outcome = res.outcome if ok else "FAIL"
     if as_json:
-        emit_json({**report.to_json(res), "ok": ok,
+        emit_json({**report.to_json(res), "ok": ok, "outcome": outcome,
                     "upstream": upstream.to_json(up) if up else None})
     else:
         click.echo(report.text_table(res))
@@ -239,8 +251,8 @@ def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, po
             click.echo(upstream.text_summary(up))
         click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}"
                    + (f" {out_dir / 'upstream' / 'upstream.json'}" if up else ""))
-        click.echo("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
+        click.echo(outcome_line(outcome))
+    sys.exit(OUTCOME_EXIT[outcome])
 
 
 @cli.command("apply")
@@ -374,8 +386,8 @@ def demo_cmd(repeat, report_dir, model_name, as_json) -> None:
         click.echo(report.text_table(res))
         click.echo("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.timings))
         click.echo(f"reports: {paths['md']} {paths['html']} {paths['json']}")
-        click.echo("PASS" if res.ok else "FAIL")
-    sys.exit(0 if res.ok else 1)
+        click.echo(outcome_line(res.outcome))
+    sys.exit(OUTCOME_EXIT[res.outcome])
 
 
 # the reviewers' and maintainers' proofs, and the fork's pin gate: their commands register on `cli`

@@ -91,9 +91,15 @@ class Interrupted(PatchkitError):
     kind = "interrupted"
 
 
+# verify ran, nothing failed, but a designed shape was not reached or evidence was missing
+INCONCLUSIVE = 11
+
 EXIT_CODES = {
-    0: "success (verify: every expectation held; apply: applied or already applied)",
-    1: "verify ran and at least one expectation failed",
+    0: "success (verify: every expectation held on evidence, every declared shape reached; apply: applied or "
+       "already applied)",
+    1: "verify ran and at least one expectation failed: evidence against the candidate, quoted in the report",
+    INCONCLUSIVE: "verify ran and nothing failed, but a shape was not reached or evidence was missing (the report "
+                  "says which, and what to do: more repeats, a quieter machine, or a reworded upstream log)",
     UsageError.exit_code: UsageError.__doc__,
     RepoError.exit_code: RepoError.__doc__,
     LayoutError.exit_code: LayoutError.__doc__,

@@ -75,6 +75,10 @@ def check_report(report_path: Path, sha: str) -> dict:
         failed = [f"{name}" for name, w in rep.get("workloads", {}).items() if not w.get("ok")]
         raise ReportError(f"{report_path} is a failing verify report (failed: {', '.join(failed) or 'unknown'}); "
                           "refusing to pin.")
+    if rep.get("outcome", "PASS") != "PASS":
+        raise ReportError(f"{report_path} is an INCONCLUSIVE verify report: nothing failed, but "
+                          f"{rep.get('summary', 'a shape was not reached or evidence was missing')}; a pin needs a "
+                          "PASS. Run verify again with --repeat 3 (or on a quieter machine).")
     return rep
 
 

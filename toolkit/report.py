@@ -75,7 +75,7 @@ def policy_text(res: Result) -> str:
 
 def check_counts(res: Result) -> dict[str, dict[str, int]]:
     """status -> {check name: how many times}, over every verdict of every workload and side."""
-    out: dict[str, dict[str, int]] = {"pass": {}, "skip": {}, "fail": {}}
+    out: dict[str, dict[str, int]] = {"pass": {}, "skip": {}, "fail": {}, "inconclusive": {}}
     for wr in res.results:
         for v in wr.verdicts:
             for c in v.checks:
@@ -94,6 +94,9 @@ def summary_line(res: Result) -> str:
     line += f": {names(counts['skip'])}" if counts["skip"] else ""
     if counts["fail"]:
         line += f"; {sum(counts['fail'].values())} failed: {names(counts['fail'])}"
+    if counts["inconclusive"]:
+        line += (f"; {sum(counts['inconclusive'].values())} inconclusive (a shape not reached or evidence "
+                 f"missing, not against the candidate): {names(counts['inconclusive'])}")
     if res.coverage:
         gone = coverage.missed(res.coverage)
         line += (f"; shapes reached {len(res.coverage) - len(gone)}/{len(res.coverage)}"
@@ -109,7 +112,7 @@ def summary_line(res: Result) -> str:
 
 def to_json(res: Result) -> dict:
     out = {
-        "schema": SCHEMA, "ok": res.ok, "repo": res.repo,
+        "schema": SCHEMA, "ok": res.ok, "outcome": res.outcome, "repo": res.repo,
         "summary": summary_line(res), "checks": check_counts(res),
         "coverage": [{"shape": c.shape, "reached_by": c.by, "repeats_reached": c.repeats, "repeats": c.of}
                      for c in res.coverage],

@@ -70,7 +70,18 @@ class Result:
 
     @property
     def ok(self) -> bool:
+        """No check failed: no evidence against the candidate (INCONCLUSIVE is ok, not PASS)."""
         return all(r.ok for r in self.results)
+
+    @property
+    def outcome(self) -> str:
+        """PASS: every check held on evidence and every declared shape was reached. FAIL: evidence
+        against the candidate (a check failed, quoted in the report). INCONCLUSIVE: nothing against
+        it, but a shape was not reached or evidence was missing."""
+        if not self.ok:
+            return "FAIL"
+        missing = any(c.status == "inconclusive" for wr in self.results for v in wr.verdicts for c in v.checks)
+        return "INCONCLUSIVE" if missing or coverage_mod.missed(self.coverage) else "PASS"
 
 
 Say = Callable[[str], None]

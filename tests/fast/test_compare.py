@@ -112,13 +112,17 @@ def test_two_victims_in_one_step_fail(verbose):
 
 
 @pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
-def test_shift_not_exercised_fails_for_shift_workloads_only(verbose):
+def test_shift_not_exercised_is_inconclusive_for_shift_workloads_only(verbose):
+    """A start that missed its designed shape is no evidence against the patch (issue 34): the
+    check is INCONCLUSIVE, never FAIL, and it says why."""
     # slot 0 (the victim) launched 1 step early: the pool fills at off 1, its entry already decoded
     r = sim(WF, launch=[0, 1, 1, 1], verbose=verbose)
     ev, = measure.overflows(r, WF)
     assert ev.terminated == (0,) and ev.off >= 1
     v = verify.judge(WF, "candidate", r, control=control(WF))
-    assert "already decoded" in failed(v)["shift-exercised"]
+    assert v.ok and "shift-exercised" not in failed(v)
+    shift = next(c for c in v.checks if c.name == "shift-exercised")
+    assert shift.status == "inconclusive" and "already decoded" in shift.detail
     assert measure.shape(r, WF) is not None      # the runner would make this start again
     assert measure.shape(sim(WF, verbose=verbose), WF) is None     # the designed start
 
@@ -359,3 +363,45 @@ def test_a_terminated_task_stops_in_its_step(order, why):
     # without the loop's lines the release's step cannot be judged, and is not claimed
     bare = replace(run, trace=tuple(t for t in run.trace if t.kind != "loop"))
     assert measure.not_stopped(bare)[1] is False
+
+
+TIE = replace(WL, name="tie-4", requests=tuple(replace(r, prompt=tuple(range(3, 73))) for r in WL.requests))
+
+
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
+def test_a_tie_is_a_set_of_right_victims(verbose):
+    """Four equal requests (issue 34's tie-4): every slot holds the most cells, so whichever the
+    patch terminates is right; it was a FAIL ('AMBIGUOUS') before."""
+    for key in (None, lambda j: j):                  # the first of the tie, or the last
+        r = simulate([70] * 4, 240, TIE.server.ctx, key=key, verbose=verbose)
+        v = verify.judge(TIE, "candidate", r, control=simulate([70] * 4, 240, 8192))
+        victim = next(c for c in v.checks if c.name == "victim-is-largest")
+        assert victim.status == "pass" and "any of them is right" in victim.detail, victim.detail
+
+
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
+def test_a_victim_outside_the_tie_still_fails(verbose):
+    wl = replace(TIE, requests=TIE.requests[:3] + (replace(TIE.requests[3], prompt=tuple(range(3, 53))),))
+    ctl = simulate([70, 70, 70, 50], 240, 8192)
+    right = verify.judge(wl, "candidate", simulate([70, 70, 70, 50], 240, wl.server.ctx, key=lambda j: -j,
+                                                   verbose=verbose), control=ctl)
+    assert "victim-is-largest" not in failed(right)
+    wrong = verify.judge(wl, "candidate", simulate([70, 70, 70, 50], 240, wl.server.ctx, policy="smallest",
+                                                   verbose=verbose), control=ctl)
+    assert "OUTSIDE the policy's choice" in failed(wrong)["victim-is-largest"]
+
+
+def test_missing_decode_lines_are_inconclusive_not_a_pass():
+    """Upstream rewords 'slot decode token': every slot's samples have no entries. Not evidence
+    for the patch (it passed before) and not against it: INCONCLUSIVE, and the Result says so."""
+    r = sim(WL)
+    blind = replace(r, trace=tuple(t for t in r.trace if t.kind != "entry"))
+    v = verify.judge(WL, "candidate", blind, control=control())
+    c = next(c for c in v.checks if c.name == "one-sample-per-entry")
+    assert c.status == "inconclusive" and "no 'slot decode token' entry" in c.detail
+    res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None,
+                        (verify.WorkloadResult(WL, (), (blind,), None, (v,)),), (), "")
+    assert res.ok and res.outcome == "INCONCLUSIVE"
+    full = verify.judge(WL, "candidate", r, control=control())
+    assert verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None,
+                         (verify.WorkloadResult(WL, (), (r,), None, (full,)),), (), "").outcome == "PASS"
