@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
@@ -90,6 +91,9 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
     added to the server's environment and command line (a candidate's own knobs and flags)."""
     if not want_shape:
         attempts = 1
+    # PATCHKIT_ATTEMPTS caps the starts (1: judge the first start as it is, e.g. to see what a
+    # missed shape does to the verdict: INCONCLUSIVE, never FAIL)
+    attempts = min(attempts, int(os.environ.get("PATCHKIT_ATTEMPTS", attempts)))
     deadline = time.monotonic() + budget_s
     earlier: list[Run] = []
     for attempt in range(1, attempts + 1):

@@ -81,7 +81,11 @@ class Result:
         if not self.ok:
             return "FAIL"
         missing = any(c.status == "inconclusive" for wr in self.results for v in wr.verdicts for c in v.checks)
-        return "INCONCLUSIVE" if missing or coverage_mod.missed(self.coverage) else "PASS"
+        # the coverage table's shapes are the default suite's promise: a run of the whole suite that
+        # missed one is inconclusive; a run of a few workloads you chose only lists what they missed
+        ran = {wr.workload.name for wr in self.results}
+        suite = set(SUITE) <= ran or set(REAL_SUITE) <= ran
+        return "INCONCLUSIVE" if missing or (suite and coverage_mod.missed(self.coverage)) else "PASS"
 
 
 Say = Callable[[str], None]
