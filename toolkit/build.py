@@ -173,9 +173,17 @@ def _env(ws_root: Path) -> dict[str, str]:
 
 
 def workspace_root(repo: git.Repo, opts: Options) -> Path:
+    """One workspace per HISTORY (its root commit) and flags, not per clone: every clone of a tree
+    builds in the same work tree, so a tree content built from one clone is an incremental (or no)
+    rebuild from the next (measured before: 874 s, a full ccache-served build, for a second clone).
+    A repository without commits reachable from HEAD falls back to its path."""
     if opts.workdir:
         return Path(opts.workdir).resolve()
-    return cache.root() / "work" / f"{cache.digest(str(Path(repo.git_dir).resolve()))}-{opts.key()}"
+    try:
+        history = min(repo.git.rev_list("--max-parents=0", "HEAD").split())
+    except (git.GitCommandError, ValueError):
+        history = str(Path(repo.git_dir).resolve())
+    return cache.root() / "work" / f"{cache.digest(history)}-{opts.key()}"
 
 
 def adapt(repo: git.Repo, commit: str, opts: Options) -> Options:
@@ -347,6 +355,7 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
         start = time.monotonic()
         if (store / TARGET).exists() and not in_workspace:
             ws = Workspace(root, root / "src", root / "build", root / "build.log", commit, tree)
+            cache.touch(store)
             return Built(store / TARGET, commit, tree, ws, 0.0, reused=True)
         ws = _checkout(repo, root, commit, opts, progress)
         argv = ["ninja", "-C", ws.build, TARGET]
@@ -378,4 +387,9 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
         shutil.copy2(out, tmp)
         os.replace(tmp, store / TARGET)
         (store / "commit").write_text(commit + "\n")
-        return Built(store / TARGET, commit, tree, ws, time.monotonic() - start, reused=False, steps=steps)
+        cache.touch(root)
+        built = Built(store / TARGET, commit, tree, ws, time.monotonic() - start, reused=False, steps=steps)
+    # a new build grew the cache: keep it under its cap (PATCHKIT_CACHE_MAX_GB), least recently used first
+    for path, size in cache.prune():
+        progress(f"cache over {cache.max_bytes() / 1e9:.0f} GB: removed {path.name} ({size / 1e6:.0f} MB, least recently used)")
+    return built

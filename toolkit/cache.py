@@ -45,3 +45,97 @@ def locked(path: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------- size and pruning
+
+# kind -> folder; the order is the order `patchkit cache` prints
+KINDS = {"sdists": "sdists", "trees": "trees", "workspaces": "work", "binaries": "bins", "models": "models",
+         "ccache": "ccache", "harnesses": "harness", "measurements": "sensitivity"}
+# what prune may remove, least recently used first: each is rebuilt on demand (a workspace by an
+# incremental build from ccache, a binary from its workspace); sdists, trees, models and ccache
+# stay (a tree is the user's embedded default; ccache keeps its own size limit)
+PRUNABLE = ("work", "bins", "harness", "sensitivity")
+DEFAULT_MAX_GB = 20.0
+
+
+def max_bytes() -> int:
+    """PATCHKIT_CACHE_MAX_GB (default 20): the cap applied after every new build."""
+    return int(float(os.environ.get("PATCHKIT_CACHE_MAX_GB", DEFAULT_MAX_GB)) * 1e9)
+
+
+def _size(p: Path) -> int:
+    if p.is_symlink() or p.is_file():
+        return p.lstat().st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def usage() -> list[tuple[str, int, int]]:
+    """(kind, bytes, entries) per kind, then 'other' (everything else under the root)."""
+    base = root()
+    out = []
+    for kind, folder in KINDS.items():
+        d = base / folder
+        entries = [e for e in d.iterdir() if not e.name.endswith(".lock")] if d.is_dir() else []
+        out.append((kind, sum(_size(e) for e in entries), len(entries)))
+    rest = [e for e in base.iterdir() if e.name not in KINDS.values()]
+    out.append(("other", sum(_size(e) for e in rest), len(rest)))
+    return out
+
+
+def touch(entry: Path) -> None:
+    """Mark a cache entry as used now (what prune orders by)."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass
+
+
+def prune(cap: int | None = None, min_age_s: float = 3600.0) -> list[tuple[Path, int]]:
+    """Remove the least recently used prunable entries until the whole cache is at most `cap`
+    bytes (default max_bytes()). An entry another patchkit process holds (its lock taken), or used
+    in the last `min_age_s` (a verify beside may be about to start its binary), is skipped, never
+    removed under it. Returns what was removed, with sizes."""
+    import shutil
+    import time
+    cap = max_bytes() if cap is None else cap
+    total = sum(b for _k, b, _n in usage())
+    if total <= cap:
+        return []
+    base = root()
+    entries = [e for folder in PRUNABLE if (base / folder).is_dir() for e in (base / folder).iterdir()
+               if not e.name.endswith(".lock")]
+    entries.sort(key=lambda e: e.lstat().st_mtime)
+    removed = []
+    now = time.time()
+    for e in entries:
+        if total <= cap:
+            break
+        if now - e.lstat().st_mtime < min_age_s:
+            continue
+        lock = e.with_name(e.name + ".lock")
+        size = _size(e)
+        with open(lock, "w") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue          # in use by another patchkit process
+            try:
+                if e.is_dir() and not e.is_symlink():
+                    shutil.rmtree(e, ignore_errors=True)
+                else:
+                    e.unlink(missing_ok=True)
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        if e.parent.name != "work":
+            lock.unlink(missing_ok=True)
+        removed.append((e, size))
+        total -= size
+    return removed

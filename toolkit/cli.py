@@ -130,6 +130,63 @@ def source_fetch(package: str, version: str, as_json: bool) -> None:
         click.echo(str(tree.path))
 
 
+@cli.group("cache", invoke_without_command=True)
+@click.pass_context
+def cache_group(ctx) -> None:
+    """What patchkit keeps under PATCHKIT_CACHE (default ~/.cache/patchkit), and pruning it.
+
+    \b
+    Examples:
+      patchkit cache                  # the size of each kind (same as `patchkit cache show`)
+      patchkit cache prune --max-gb 5
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(cache_show)
+
+
+@cache_group.command("show")
+@click.option("--json", "as_json", is_flag=True)
+def cache_show(as_json: bool = False) -> None:
+    """The cache's size per kind: sdists, trees, workspaces, binaries, models, ccache, harnesses.
+
+    Example: patchkit cache show --json
+    """
+    from . import cache
+    rows = cache.usage()
+    if as_json:
+        emit_json({"root": str(cache.root()), "max_bytes": cache.max_bytes(),
+                   "kinds": {k: {"bytes": b, "entries": n} for k, b, n in rows}})
+        return
+    click.echo(f"{cache.root()}  (cap {cache.max_bytes() / 1e9:.0f} GB: PATCHKIT_CACHE_MAX_GB)")
+    for k, b, n in rows:
+        click.echo(f"  {k:<13} {b / 1e6:>9.1f} MB  {n} entr{'y' if n == 1 else 'ies'}")
+    click.echo(f"  {'total':<13} {sum(b for _k, b, _n in rows) / 1e6:>9.1f} MB")
+
+
+@cache_group.command("prune")
+@click.option("--max-gb", default=None, type=click.FloatRange(0), help="Prune down to this many GB (default: "
+              "PATCHKIT_CACHE_MAX_GB, else 20). Every new build applies the default cap by itself.")
+@click.option("--all-ages", is_flag=True, help="Also entries used in the last hour (by default spared: a verify "
+              "beside may be about to start one of its binaries).")
+@click.option("--json", "as_json", is_flag=True)
+def cache_prune(max_gb, all_ages, as_json) -> None:
+    """Remove the least recently used workspaces, binaries and harnesses down to a cap.
+
+    Never removes what another patchkit process holds, nor sdists, trees, models or ccache (each
+    rebuilt entry comes back by an incremental, ccache-served build).
+    Example: patchkit cache prune --max-gb 5
+    """
+    from . import cache
+    removed = cache.prune(None if max_gb is None else int(max_gb * 1e9), min_age_s=0 if all_ages else 3600)
+    if as_json:
+        emit_json({"removed": [{"path": str(p), "bytes": b} for p, b in removed]})
+        return
+    for p, b in removed:
+        click.echo(f"removed {p} ({b / 1e6:.1f} MB)")
+    click.echo(f"{len(removed)} entr{'y' if len(removed) == 1 else 'ies'} removed, "
+               f"{sum(b for _p, b in removed) / 1e6:.1f} MB freed")
+
+
 @cli.command("model")
 @click.option("--arch", "arch", type=click.Choice(sorted(model_mod.FAMILIES)), default="tiny", show_default=True,
               help="Which tiny family: tiny (llama), or another attention/memory layout (docs/commands.md, model).")
