@@ -89,8 +89,9 @@ class Table:
 
 # A ranking claims only what the runs show: on one workload, A is measurably faster than B when every
 # run of A ends before every run of B (the rank test's extreme, Mann-Whitney U = 0), whose exact
-# one-sided p under "no difference" is 1 / C(nA + nB, nA): 0.05 for 3 runs each, 0.004 for 5. Above
-# ALPHA (too few runs, or overlapping ranges), the table says "no measurable difference".
+# two-sided p under "no difference" is 2 / C(nA + nB, nA): 0.1 for 3 runs each, 0.008 for 5, and
+# the table holds several pairs, so the claims are Holm-corrected (claims()). Otherwise the table
+# says "no measurable difference".
 ALPHA = 0.05
 
 
@@ -140,33 +141,64 @@ def _exact(r: Row) -> bool:
     return equal == total
 
 
+def claims(by: dict[str, list[float]], alpha: float = ALPHA) -> list[tuple[str, str, float]]:
+    """(faster, slower, p) for every pair the runs separate, corrected for the number of pairs
+    compared (Holm): a pair is separated when every run of one ended before every run of the other
+    (Mann-Whitney U = 0), whose exact two-sided p under "no difference" is 2 / C(n + m, n); the
+    direction is read from the data, hence two-sided. Holm's step-down over all m(m-1)/2 pairs
+    keeps the chance of any false claim in a table at most `alpha`, whatever the strategies are
+    (a fast test simulates identical ones). A pair the runs do not separate counts as p = 1."""
+    from itertools import combinations
+    from math import comb
+    tests = []
+    for a, b in combinations(sorted(by), 2):
+        xa, xb = by[a], by[b]
+        if max(xa) < min(xb):
+            tests.append((min(1.0, 2 / comb(len(xa) + len(xb), len(xa))), a, b))
+        elif max(xb) < min(xa):
+            tests.append((min(1.0, 2 / comb(len(xa) + len(xb), len(xa))), b, a))
+    k = len(by) * (len(by) - 1) // 2
+    out = []
+    for i, (p, fast, slow) in enumerate(sorted(tests)):
+        if p > alpha / (k - i):
+            break
+        out.append((fast, slow, p))
+    return out
+
+
 def ranking(t: Table, workload: str) -> str:
-    """Which strategy finished the workload first, said only where the difference is measured: the
-    fastest by median is named when its every run beat every run of each other strategy that passed
-    its own expectations (and that p is at most ALPHA); otherwise the ones it cannot be told from."""
-    rows = [r for r in t.rows if r.workload == workload and r.verdict == "PASS"]
+    """Which strategy finished the workload first, said only where the runs separate it from the
+    others after correcting for the number of pairs compared (claims()). Only strategies whose
+    every run PASSED its own expectations and completed every request are raced; the others are
+    named, never ranked."""
+    rows = [r for r in t.rows if r.workload == workload]
+    failing = sorted({r.entry for r in rows if r.verdict not in ("PASS", "-")})
     # a strategy that fails requests finishes sooner by doing less: only those that complete every
     # request in every run are raced against each other
-    short = sorted({r.entry for r in rows if r.completed < r.total})
+    short = sorted({r.entry for r in rows if r.completed < r.total and r.entry not in failing})
     by: dict[str, list[float]] = {}
     for r in rows:
-        if r.entry not in short:
+        if r.entry not in short and r.entry not in failing and r.verdict == "PASS":
             by.setdefault(r.entry, []).append(r.makespan_s)
-    left_out = f" (not raced, they fail requests by design: {', '.join(short)})" if short else ""
+    left_out = (f" (not raced, they fail requests by design: {', '.join(short)})" if short else "") + (
+        f" (not ranked, a run of theirs did not PASS its expectations: {', '.join(failing)})" if failing else "")
     if len(by) < 2:
         return "fewer than two passing strategies that complete every request: nothing to rank" + left_out
     import statistics
     order = sorted(by, key=lambda e: statistics.median(by[e]))
     best = order[0]
-    ties = [e for e in order[1:] if not (max(by[best]) < min(by[e]) and u_zero_p(len(by[best]), len(by[e])) <= ALPHA)]
-    p = max(u_zero_p(len(by[best]), len(by[e])) for e in order[1:])
-    if not ties:
-        return (f"{best} is measurably fastest: every one of its {len(by[best])} run(s) ended before every run of "
-                f"each other passing strategy (rank test U = 0, p <= {p:.3f})" + left_out)
-    return (f"no measurable difference between {best} and {', '.join(ties)} (makespan ranges overlap, or too few "
-            f"runs: U = 0 needs p = 1/C(n+m, n) <= {ALPHA}, i.e. 3 runs each)"
-            + (f"; measurably behind {best}: {', '.join(e for e in order[1:] if e not in ties)}"
-               if len(ties) < len(order) - 1 else "") + left_out)
+    won = claims(by)
+    beaten = {slow for fast, slow, _ in won if fast == best}
+    pairs = len(by) * (len(by) - 1) // 2
+    how = f"every run of one ended before every run of the other, Holm-corrected over {pairs} pair(s), alpha {ALPHA}"
+    if beaten == set(order[1:]):
+        p = max(p for fast, _, p in won if fast == best)
+        return f"{best} is measurably fastest ({how}; largest p {p:.3f})" + left_out
+    ties = [e for e in order[1:] if e not in beaten]
+    return (f"no measurable difference between {best} and {', '.join(ties)} (ranges overlap, or too few runs "
+            f"to tell {pairs} pair(s) apart: {how})"
+            + (f"; measurably behind {best}: {', '.join(e for e in order[1:] if e in beaten)}" if beaten else "")
+            + left_out)
 
 
 def parse(entries: tuple[str, ...]) -> list[Entry]:
@@ -343,7 +375,7 @@ def pr_comment(t: Table) -> str:
     lines = [f"### patchkit referee: {t.repeat} run(s) per strategy and workload",
              "", f"Base `{t.base_commit[:12]}` (layout {t.layout}), model {t.model}. Each figure is the median of "
              f"the runs, its range in brackets; a strategy is named faster only where every run of it ended "
-             f"before every run of the other (rank test, p <= {ALPHA}).", ""]
+             f"before every run of the other (rank test, Holm-corrected over every pair, alpha {ALPHA}).", ""]
     for wl in dict.fromkeys(r.workload for r in t.rows):
         lines += [f"**{wl}**", "", *summary_table(t, wl), "", f"Ranking: {ranking(t, wl)}.", ""]
     failed = sorted({r.entry for r in t.rows if r.verdict == "FAIL"})
