@@ -130,15 +130,20 @@ def one_victim(m: Measured, witness_expected: bool = False) -> list[Check]:
     run, wl, policy, evs = m.run, m.wl, m.policy, m.overflows
     errored = [o for o in run.outcomes if o.outcome == "errored"]
     survivors = [o for o in run.outcomes if o.outcome != "errored"]
+    terminated = {s for e in evs for s in e.terminated}
     bad = [e for e in evs if len(e.terminated) != 1 or not e.full]
     checks = [
         _check("one-victim-per-overflow", bool(evs) and not bad and len(errored) == len(evs),
                ("no request was terminated" if not evs else
                 "; ".join(("ok " if e not in bad else "WRONG ") + e.describe() for e in evs))
-               + (f"; errored without the KV error: {[o.slot for o in errored if o.error != EXCEEDED]}"
+               + (f"; errored outside any overflow: {sorted(set(o.slot for o in errored) - terminated)}"
                   if len(errored) != sum(len(e.terminated) for e in evs) else "")),
-        _check("victim-error-text", all(o.error == EXCEEDED for o in errored),
-               f"victims got {sorted({o.error for o in errored}) or 'nothing'}"),
+        # an eviction is what it does (a request ended while others went on), whatever it says: the
+        # text is reported, never judged (a fork's 503 "slot evicted ... retry later" is as right)
+        Check("victim-error-text", "pass" if errored else "skip",
+              f"victims got {sorted({o.error for o in errored})}"
+              + ("" if all(o.error == EXCEEDED for o in errored) else " (not upstream's text: reported, not judged)")
+              if errored else "no victim"),
     ]
     # expected: every slot within the measured doubt of the policy's choice (a tie is a set of right
     # victims); a victim outside that band is evidence against the patch
@@ -373,17 +378,34 @@ def judge(m: Measured, side: str, index: int = 0, control: Run | None = None, ba
     v = _judge(m, side, index, control, base, expect, base_reference, own)
     if not m.earlier:
         return v
-    problems = []
+    problems: dict[str, list[tuple[int, str]]] = {}   # the same failure of many starts: one line
     for e in m.earlier:
-        overflowed = any(o.error == EXCEEDED for o in e.run.outcomes)
+        overflowed = bool(e.overflows) or any(o.outcome == "errored" for o in e.run.outcomes)
         checks = (_judge(e, side, index, control, base, expect, base_reference, own).checks
                   if overflowed else tuple(unchanged(e)))
-        problems += [f"start {e.run.attempts} ({e.run.log}): {c.name}: {c.detail}" for c in checks
-                     if c.status == "fail" and c.name not in SHAPE_CHECKS]
+        for c in checks:
+            if c.status == "fail" and c.name not in SHAPE_CHECKS:
+                problems.setdefault(f"{c.name}: {c.detail}", []).append((e.run.attempts, e.run.log))
     return Verdict(v.workload, v.side, v.run_index, v.checks + (Check(
         "earlier-starts", "fail" if problems else "pass",
-        "; ".join(problems) if problems else f"{len(m.earlier)} earlier start(s), made again for their shape, "
-        "pass every other check"),))
+        "; ".join(f"start {ks[0][0]} ({ks[0][1]}): {what}" if len(ks) == 1 else
+                  f"starts {_ranges([k for k, _ in ks])} ({len(ks)} starts, first log {ks[0][1]}): {what}"
+                  for what, ks in problems.items())
+        if problems else f"{len(m.earlier)} earlier start(s), made again for their shape, pass every other check"),))
+
+
+def _ranges(ks: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2-4, 7'."""
+    out, ks = [], sorted(ks)
+    start = prev = ks[0]
+    for k in ks[1:] + [None]:
+        if k is not None and k == prev + 1:
+            prev = k
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if k is not None:
+            start = prev = k
+    return ", ".join(out)
 
 
 def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, base: Run | None = None,

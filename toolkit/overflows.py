@@ -29,7 +29,7 @@ import numpy as np
 
 from .pauses import parks
 from .record import Outcome, Run, Sample
-from .serverlog import EXCEEDED, steps
+from .serverlog import EXCEEDED, kv_errors, kv_outcome, steps
 from .workload import Workload
 
 
@@ -221,15 +221,16 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
         le = k if x.kind == "entry" else le
         last_step.append(ls)
         last_entry.append(le)
+    kv = kv_errors(tr)
     i = 0
     while i < len(tr):
         t = tr[i]
-        if not (t.kind == "error" and t.text == EXCEEDED and slot_of.get(t.task) in outs):
+        if not (i in kv and slot_of.get(t.task) in outs):
             i += 1
             continue
         group, j = [], i
         while j < len(tr) and tr[j].kind in ("error", "release"):  # errors sent in one go: one step
-            if tr[j].kind == "error" and tr[j].text == EXCEEDED and slot_of.get(tr[j].task) in outs:
+            if j in kv and slot_of.get(tr[j].task) in outs:
                 group.append(slot_of[tr[j].task])
             j += 1
         # the step the failing batch was built in: the last marker before the last entry before the error
@@ -302,8 +303,7 @@ def overflows(run: Run, wl: Workload, policy: str = "largest") -> tuple[Overflow
     if any(t.kind == "entry" for t in run.trace):
         return _from_trace(run, wl, policy)
     outs = {o.slot: o for o in run.outcomes}
-    hit = sorted((o for o in run.outcomes if o.outcome == "errored" and o.error == EXCEEDED),
-                 key=lambda o: (o.t_end, o.slot))
+    hit = sorted((o for o in run.outcomes if kv_outcome(o)), key=lambda o: (o.t_end, o.slot))
     events: list[Overflow] = []
     gone: set[int] = set()
     i = 0
@@ -427,7 +427,7 @@ def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:
     runner.py re-makes such a start while its budget lasts (every attempt is judged);
     compare.py judges either way. Shapes are designed for the largest policy: under another
     policy only the overflow itself is required."""
-    hits = [o for o in run.outcomes if o.error == EXCEEDED]
+    hits = [o for o in run.outcomes if kv_outcome(o)]
     if policy == "largest" and (wl.expect.shift or wl.expect.shape):
         evs = overflows(run, wl)
         if evs and len(evs[0].terminated) == 1:      # a candidate's run (the base errors all)

@@ -11,6 +11,32 @@ from __future__ import annotations
 from .record import Run
 
 EXCEEDED = "Context size has been exceeded."
+# the output parser's rejection of what a real model said (layout C2): its own outcome, never a
+# termination by a full pool (docs/DESIGN.md, section 8)
+REJECTED = "does not match the expected"
+
+
+def kv_errors(trace) -> set[int]:
+    """Indices of the trace's "error" entries that END a request because the pool was full, by what
+    happened, not by their words: upstream's own text, or ANY error sent in a loop turn in which the
+    KV cache failed to place a batch ("failed to find a memory slot" / "retrying with smaller batch
+    size"). A fork's eviction may answer with a 503 and text of its own (issue 34)."""
+    out, failed = set(), False
+    for k, t in enumerate(trace):
+        if t.kind in ("step", "loop"):
+            failed = False
+        elif t.kind in ("batch", "retry"):
+            failed = True
+        elif t.kind == "error" and (t.text == EXCEEDED or (failed and REJECTED not in t.text)):
+            out.add(k)
+    return out
+
+
+def kv_outcome(o) -> bool:
+    """A client-side outcome ended by a full pool: upstream's text, or any error that is not the
+    output parser's (without a verbose log, the client cannot see the loop turn; the grouping by
+    time in overflows() then decides which errors form one event)."""
+    return o.outcome == "errored" and (o.error == EXCEEDED or REJECTED not in (o.error or ""))
 
 
 def trace_problems(run: Run) -> list[str]:
@@ -119,10 +145,11 @@ def not_stopped(run: Run) -> tuple[list[str], bool]:
     erred: dict[int, int] = {}     # task -> the loop segment of its first context error
     released: dict[int, list[int]] = {}  # task -> the loop segments it was released in
     seg = 0                        # loop segments: one update_slots call and the tasks taken before it
-    for t in run.trace:
+    kv = kv_errors(run.trace)
+    for k, t in enumerate(run.trace):
         if t.kind == "loop":
             seg += 1
-        elif t.kind == "error" and t.text == EXCEEDED and t.task in tasks:
+        elif t.kind == "error" and k in kv and t.task in tasks:
             erred.setdefault(t.task, seg)
             after.setdefault(t.task, 0)
         elif t.kind == "entry" and t.task in after:

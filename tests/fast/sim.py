@@ -13,13 +13,15 @@ EXC = "Context size has been exceeded."
 
 
 def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="largest", dt=0.0002,
-             jitter=None, snapshots=(), lie=False, log=True, evict_extra=False, verbose=True, key=None):
+             jitter=None, snapshots=(), lie=False, log=True, evict_extra=False, verbose=True, key=None,
+             text=None):
     """prompts/n_predict per slot; launch[slot] = the step its prompt is decoded (first token
     sampled); jitter(slot, k) -> extra arrival delay of its k-th token. snapshots: steps at which
     a /slots snapshot is taken (before that step's decode). lie: evict the runner-up and log it
     as the largest. evict_extra: also terminate the next slot in the same step (a broken patch).
     policy "newest": the slot launched last (task ids follow launch order here). key(slot) -> a
-    per-slot quantity the victim is chosen by instead (a wrong patch), highest first."""
+    per-slot quantity the victim is chosen by instead (a wrong patch), highest first. text: the
+    patched server's own error text for its victims (a fork's eviction; default upstream's)."""
     n = len(prompts)
     launch = launch or [0] * n
     npred = n_predict if isinstance(n_predict, (list, tuple)) else [n_predict] * n
@@ -81,7 +83,7 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
                 for v in out:
                     state[v], t_end[v] = "error", t + 0.0001
                     cells[v] = 0
-                    trace.append(Trace("error", task=v, text=EXC))
+                    trace.append(Trace("error", task=v, text=text or EXC))
                 for j in entries[off:]:
                     if state[j] == "gen":
                         sample(j)
@@ -104,7 +106,8 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
             outs.append(Outcome(j, "completed", 200, None, True, "limit", False, gen[j], toks, prompts[j], npred[j],
                                 0.0, times[j][0], t_end[j], tuple(sorted(times[j]))))
         else:
-            outs.append(Outcome(j, "errored", 200, EXC, False, None, None, None, toks, prompts[j], npred[j],
+            outs.append(Outcome(j, "errored", 200, EXC if not patched or text is None else text, False, None, None,
+                                None, toks, prompts[j], npred[j],
                                 0.0, times[j][0] if times[j] else None, t_end[j], tuple(sorted(times[j]))))
     return Run("sim", tuple(outs), tuple(samples), tuple(events), True, True, None, step * dt, "log",
                pool=pool, trace=tuple(trace) if verbose else ())

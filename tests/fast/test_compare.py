@@ -405,3 +405,24 @@ def test_missing_decode_lines_are_inconclusive_not_a_pass():
     full = verify.judge(WL, "candidate", r, control=control())
     assert verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None,
                          (verify.WorkloadResult(WL, (), (r,), None, (full,)),), (), "").outcome == "PASS"
+
+
+EVICTED = "slot evicted: the KV cache is full, retry later"
+
+
+@pytest.mark.parametrize("verbose", [True, False], ids=["server-log", "client-records"])
+def test_an_eviction_is_what_it_does_not_what_it_says(verbose):
+    """A fork's eviction answers its victim with its own text (issue 34: a 503 'slot evicted ...'):
+    measured as an eviction by what happened, judged by the same checks, its text reported."""
+    r = sim(WL, text=EVICTED, verbose=verbose)
+    ev, = measure.overflows(r, WL)
+    assert ev.terminated == (3,) and len(ev.in_play) == 4
+    assert measure.evicts(r, WL)
+    v = verify.judge(WL, "candidate", r, control=control())
+    assert v.ok, failed(v)
+    text = next(c for c in v.checks if c.name == "victim-error-text")
+    assert text.status == "pass" and EVICTED in text.detail and "not upstream's text" in text.detail
+    # the same text from a patch that picks the slot with the lowest id: its wrong victim, quoted
+    wrong = verify.judge(WL, "candidate", sim(WL, text=EVICTED, verbose=verbose, key=lambda j: -j),
+                         control=control())
+    assert "OUTSIDE the policy's choice" in failed(wrong)["victim-is-largest"]
