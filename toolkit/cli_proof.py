@@ -101,8 +101,9 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
     r = open_repo(repo, ui)
     base_ref = default_base(base_ref, repo)
     base = source.resolve(r, base_ref)
-    default = mutate.PREEMPTION_WORKLOADS if patch_mod.load_patch(patch_name).expect == "preemption" \
+    fallback = mutate.PREEMPTION_WORKLOADS if patch_mod.load_patch(patch_name).expect == "preemption" \
         else pipeline.SUITE
+    default = fallback if operators else mutate.default_workloads(patch_name, list(names or cat), fallback)
     wls = [workload.load(w) for w in (workloads or default)]
     out_dir = (report_dir or Path("patchkit-mutants")).resolve()
     if operators:

@@ -204,8 +204,9 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
 # Jinja2 template of the replacement that sees the facts and the match's groups as m}, and `where`,
 # a Jinja2 expression over the facts saying on which layouts it applies. The templates a maintainer
 # reads hold the right patch only. `env`: the server environment the variant is judged under (a
-# budget it ignores shows only where the budget says something).
-VARIANT_KEYS = {"class", "what", "killer", "edit", "where", "env"}
+# budget it ignores shows only where the budget says something). `workloads`: the ones that kill it,
+# which `patchkit mutants --patch FAMILY` runs by default (no list of them in the code).
+VARIANT_KEYS = {"class", "what", "killer", "edit", "where", "env", "workloads"}
 
 
 def _check_variant(meta: Path, name: str, v: dict) -> None:
@@ -213,7 +214,7 @@ def _check_variant(meta: Path, name: str, v: dict) -> None:
     edits = v.get("edit")
     if unknown or not edits or not all(isinstance(e, dict) and set(e) == {"find", "to"} for e in edits):
         raise UsageError(f"{meta}: variant '{name}' must be {{class, what, killer, edit = [{{find, to}}, ...], "
-                         f"where?, env?}}" + (f"; unknown keys {sorted(unknown)}" if unknown else "") + ".")
+                         f"where?, env?, workloads?}}" + (f"; unknown keys {sorted(unknown)}" if unknown else "") + ".")
     for e in edits:
         try:
             re.compile(e["find"])

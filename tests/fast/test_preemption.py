@@ -356,3 +356,19 @@ def test_a_pause_is_a_swap_only_where_llamas_state_reader_read_its_slot_back():
 def test_each_series_promises_its_resume_path(family, env, path, monkeypatch):
     monkeypatch.delenv("LLAMA_ARG_PREEMPT_RAM", raising=False)
     assert patch.resume_path(family, env) == path
+
+
+def test_mutants_default_to_the_workloads_each_variant_names_as_its_killers():
+    """issue 34: `mutants --patch park-slot` ran overflow-4 and preempt-penalty-4 only, and four
+    variants stayed ALIVE; each variant's patch.toml entry now names the workloads that kill it."""
+    from toolkit import mutate, workload
+    for fam in ("park-slot", "recompute-slot", "hybrid-slot"):
+        cat = mutate.catalog(fam)
+        for name, meta in cat.items():
+            assert meta.get("workloads"), f"{fam} {name} names no workload that kills it"
+            for w in meta["workloads"]:
+                workload.load(w)                   # a real workload file
+    park = mutate.default_workloads("park-slot", list(mutate.catalog("park-slot")), ["x"])
+    assert {"park-starvation-7", "park-beside-family", "park-whole-pool", "preempt-penalty-4"} <= set(park)
+    assert mutate.default_workloads("park-slot", ["parks-unbounded"], ["x"]) == ["park-starvation-7"]
+    assert mutate.default_workloads("evict-largest-slot", ["no-remap"], ["suite"]) == ["suite"]
