@@ -157,6 +157,9 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         if not shared:
             base_runs = []
         cand_runs = []
+        # a candidate's request that waits 10x the whole control run without a byte is stuck (a
+        # parked slot never resumed): cut there, not after the default 120 s; the reason stays
+        wait = idle_timeout(control)
         for k in range(repeat):
             if not shared:
                 say(f"[{wl.name}] {b_name} run {k + 1}/{repeat}")
@@ -168,7 +171,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                                               work_dir / f"{wl.name}.candidate.{k}.log",
                                               draft=draft.path if draft else None, policy=policy,
                                               probe_pool=True,  # every cell back: preemption's promise
-                                              env=candidate_env, extra_args=candidate_args))
+                                              env=candidate_env, extra_args=candidate_args, timeout=wait))
         if reuse is not None:
             reuse[(str(base_bin.binary), wl.name, repeat)] = (control, base_runs)
         recorded.append((wl, tiny, control, base_runs, cand_runs))
@@ -222,6 +225,13 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
                   applied, why, coverage=cov, own=evicting_patch or not candidate_commit, sensitivity=sens)
+
+
+def idle_timeout(control: Run | None, floor: float = 30.0, default: float = 120.0) -> float:
+    """How long a candidate's request may go without a byte: 10x the control run's whole wall time
+    (the same requests with room for all, on the same machine just before), at least `floor`;
+    `default` without a control."""
+    return default if control is None else max(floor, min(default, 10 * control.wall))
 
 
 def expectations(expect: str, recorded, patch: str | None = None,
