@@ -8,7 +8,7 @@ The argument is in docs/DESIGN.md ("The witness model"); in short, one layer:
   compensating dimension), so RMSNorm scales every token alike.
 - Attention: one head per distance D in DISTANCES. Its query and key come from the constant
   dimension only, RoPE-rotated (base ROPE_BASE, 8 pairs), so the score of a cell at distance d is
-  KAPPA^2 * sum_i cos(theta_i * (D - d)) / 4: the cell exactly D back wins by at least 274
+  KAPPA^2 * sum_i cos(theta_i * (D - d)) / 4: the cell exactly D back wins by at least 4390
   logits (min over 0 < |D - d| < 4200: score_gap()), so exp() gives it weight 1.0 and every
   other cell 0.0, bit for bit, wherever the cells sit in the pool. Its value is the cell's token id,
   which f16 holds exactly. The heads' outputs sum (exactly, integers / 64) into one dimension:
@@ -29,9 +29,13 @@ import numpy as np
 HEAD_DIM = 16                   # 8 RoPE pairs per head (4 pairs measured 2x slower prompts: ggml's
 #                                 KQ product over 8 elements; and their least deficit is 7x smaller)
 ROPE_BASE = 10.0                # theta_i = 10^(-i/8): 1 .. 0.0056 rad/position
-KAPPA = 32.0                    # |q| = |k| per pair: the matching cell's score 32^2 * 8 / 4 = 2048,
-#                                 every other cell's at least 32^2 * 1.0718 / 4 = 274 below
-#                                 (1.0718: the least deficit of sum_i cos(theta_i m) over 0 < |m| < 4200, at m = 1)
+KAPPA = 128.0                   # |q| = |k| per pair: the matching cell's score 128^2 * 8 / 4 = 32768,
+#                                 every other cell's at least 128^2 * 1.0718 / 4 = 4390 below
+#                                 (1.0718: the least deficit of sum_i cos(theta_i m) over 0 < |m| < 4200, at m = 1).
+# Why so large: a head whose distance is longer than the history has no matching cell and takes the
+# best one there is; two near-tied candidates share its weight, and their shares round differently
+# with where the cells sit in the pool. Scores 16x wider make such near-ties 16x rarer: measured
+# 13 of 1000 batch compositions diverged with KAPPA 32, 0 of 1000 with 128 (docs/measured.md).
 MAX_DISTANCE = 4200                 # the farthest two cells of one sequence the margin is argued for
 
 
