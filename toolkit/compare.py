@@ -54,6 +54,9 @@ def _slots(outs, kind: str) -> list[int]:
 def server_checks(m: Measured) -> list[Check]:
     run, problems = m.run, m.trace_problems
     return [
+        Check("log-matches-streams", "inconclusive", "the server's log ends before the run did (every slot's "
+              "logged tokens a prefix of its stream): measured from the client's records, and what only the log "
+              "shows is not judged") if m.log_truncated else
         Check("log-matches-streams", "skip" if not run.trace else "fail" if problems else "pass",
               "the server printed no verbose log; measured from the client's records" if not run.trace
               else "; ".join(problems) if problems else

@@ -13,20 +13,20 @@ door for the report, the referee and the tests.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .overflows import (Offset, Overflow, SlotAt, decoded_first, designed, evicts, first_group_offsets,
                         offset, overflows, prompt_not_largest, shape, shift_exercised)
 from .pauses import PARK_BOUND, Park, Pause, parks, parks_in_order, pauses, unfreed_parks, word
 from .record import Run
-from .serverlog import EXCEEDED, not_stopped, sampling_problems, steps, trace_problems
+from .serverlog import EXCEEDED, log_truncated, not_stopped, sampling_problems, steps, trace_problems
 from .workload import Workload
 
 __all__ = ["Measured", "measure",
            "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts", "first_group_offsets", "offset",
            "overflows", "prompt_not_largest", "shape", "shift_exercised",
            "PARK_BOUND", "Park", "Pause", "parks", "parks_in_order", "pauses", "unfreed_parks", "word",
-           "EXCEEDED", "not_stopped", "sampling_problems", "steps", "trace_problems"]
+           "EXCEEDED", "log_truncated", "not_stopped", "sampling_problems", "steps", "trace_problems"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Measured:
     unfreed_parks: tuple[str, ...]             # a park after which the same offset ran out again
     parks_in_order: tuple[Park, ...]           # every park, with the requests generating beside it
     earlier: tuple["Measured", ...] = ()       # every earlier start of the run, made again for its shape
+    log_truncated: bool = False                # the log ended early: measured from the client's records
 
     @property
     def preempts(self) -> bool:
@@ -57,7 +58,12 @@ class Measured:
 
 
 def measure(run: Run, wl: Workload, policy: str = "largest") -> Measured:
-    """Everything the checks read, derived once."""
+    """Everything the checks read, derived once. A log that ends before the run did (a prefix of
+    every stream) is set aside: the run is measured from the client's records, and the checks that
+    read only the log say they could not judge."""
+    if run.trace and log_truncated(run):
+        m = measure(replace(run, trace=()), wl, policy)
+        return replace(m, log_truncated=True)
     evs = overflows(run, wl, policy)
     largest = evs if policy == "largest" else overflows(run, wl)
     sampled, unjudged = sampling_problems(run) if run.trace else ([], [])

@@ -171,12 +171,15 @@ TRACE_RES = (
     # llama.cpp's KV cache reading a sequence back from a saved state (llama_state_seq_set_data):
     # a parked slot swapped back in, in the library's words, not the patch's
     ("restore", re.compile(r"state_read_meta: cell_count = (\d+), dest_seq_id = (-?\d+)")),
+    # the server's last words on a stop: a log without them ended early (serverlog.log_truncated)
+    ("exit", re.compile(r"cleaning up before exit")),
 )
 
 
 # a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
 _TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "retrying", "memory slot", "send_error",
-                "stop processing", "processing task", "start_loop: processing", "state_read_meta")
+                "stop processing", "processing task", "start_loop: processing", "state_read_meta",
+                "cleaning up before exit")
 
 
 def trace_from_log(text: str) -> tuple[Trace, ...]:
@@ -207,6 +210,8 @@ def trace_from_log(text: str) -> tuple[Trace, ...]:
                 out.append(Trace("loop"))
             elif kind == "restore":
                 out.append(Trace("restore", slot=int(g[1]), value=int(g[0])))
+            elif kind == "exit":
+                out.append(Trace("exit"))
             else:
                 out.append(Trace("launch", int(g[0]), int(g[1])))
             break

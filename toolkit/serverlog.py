@@ -39,6 +39,31 @@ def kv_outcome(o) -> bool:
     return o.outcome == "errored" and (o.error == EXCEEDED or REJECTED not in (o.error or ""))
 
 
+def log_truncated(run: Run) -> bool:
+    """The log ends before the run did: every slot's logged tokens are a prefix of its stream, and
+    some are shorter (measured under load: the server's asynchronous logger had not written the
+    overflow when the log was read), and the server's exit line is missing. Missing evidence, not
+    contrary evidence."""
+    if any(t.kind == "exit" for t in run.trace):
+        return False
+    slot_of = {t.task: t.slot for t in run.trace if t.kind == "launch"}
+    first: dict[int, int] = {}
+    for t in run.trace:
+        if t.kind == "launch":
+            first.setdefault(t.slot, t.task)
+    logged: dict[int, list[int]] = {}
+    for t in run.trace:
+        if t.kind == "token" and slot_of.get(t.task) == t.slot and first.get(t.slot) == t.task:
+            logged.setdefault(t.slot, []).append(t.token)
+    short = False
+    for o in run.outcomes:
+        got = tuple(logged.get(o.slot, []))
+        if got != o.tokens[:len(got)]:
+            return False
+        short |= len(got) < len(o.tokens)
+    return short
+
+
 def trace_problems(run: Run) -> list[str]:
     """Does upstream's log describe this run? Each slot's logged tokens must be the ones its client
     received, in order (a log of another run, or a garbled one, cannot pass as evidence)."""

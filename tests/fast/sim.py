@@ -109,5 +109,6 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
             outs.append(Outcome(j, "errored", 200, EXC if not patched or text is None else text, False, None, None,
                                 None, toks, prompts[j], npred[j],
                                 0.0, times[j][0] if times[j] else None, t_end[j], tuple(sorted(times[j]))))
+    trace.append(Trace("exit"))
     return Run("sim", tuple(outs), tuple(samples), tuple(events), True, True, None, step * dt, "log",
                pool=pool, trace=tuple(trace) if verbose else ())

@@ -426,3 +426,16 @@ def test_an_eviction_is_what_it_does_not_what_it_says(verbose):
     wrong = verify.judge(WL, "candidate", sim(WL, text=EVICTED, verbose=verbose, key=lambda j: -j),
                          control=control())
     assert "OUTSIDE the policy's choice" in failed(wrong)["victim-is-largest"]
+
+
+def test_a_log_that_ends_before_the_run_is_missing_evidence_not_a_fail():
+    """Measured under load: a base run's log ended before its overflow (the server's exit line
+    missing, every slot's logged tokens a prefix of its stream). Judged from the client's records,
+    the log's check INCONCLUSIVE: it was a FAIL ('no request got ...')."""
+    r = sim(WL, patched=False)
+    cut = next(k for k, t in enumerate(r.trace) if t.kind == "error")
+    early = replace(r, trace=tuple(t for t in r.trace[:cut - 40] if t.kind != "exit"))
+    assert measure.log_truncated(early) and not measure.log_truncated(r)
+    v = verify.judge(WL, "base", early, control=control())
+    got = {c.name: c.status for c in v.checks}
+    assert v.ok and got["log-matches-streams"] == "inconclusive" and got["all-slots-errored"] == "pass", got
