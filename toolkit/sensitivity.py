@@ -54,7 +54,9 @@ class KindResult:
 
     @property
     def share(self) -> float | None:
-        n = self.trials - self.refused
+        """Of the edits a stream could see: refused edits and bit-identical cells (the same token at
+        the same position: nothing for any pointer to tell apart) are not in the denominator."""
+        n = self.trials - self.refused - (self.identical if self.kind == "cross" else 0)
         return self.detected / n if n else None
 
 
@@ -194,8 +196,8 @@ def for_report(repo: git.Repo, commit: str, model_name: str, opts: build_mod.Opt
         tmp.write_text(json.dumps(to_json(res)))
         tmp.replace(path)
         return res
-    except (PatchError, BuildError, EnvironmentProblem) as e:
-        return f"not measured: {str(e).splitlines()[0][:200]}"
+    except (PatchError, BuildError, EnvironmentProblem, OSError) as e:
+        return f"not measured: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"
 
 
 def to_json(r: ModelSensitivity) -> dict:
