@@ -136,6 +136,11 @@ def write(spec: ModelSpec, path: Path) -> None:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     n_vocab = _tokenizer(writer, gguf)
     tensors(writer, spec, n_vocab, w, ones)
+    _finish(writer, tmp, path)
+
+
+def _finish(writer, tmp: Path, path: Path) -> None:
+    """Write the file beside its place, then move it there: a reader never sees half a model."""
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -163,13 +168,7 @@ def _write_witness(spec: ModelSpec, path: Path) -> None:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _tokenizer(writer, gguf)
     witness.tensors(writer, spec, n_vocab, spec.seed)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    os.replace(tmp, path)
+    _finish(writer, tmp, path)
 
 
 def _tokenizer(writer, gguf) -> int:
