@@ -21,8 +21,8 @@ def test_four_equal_requests_pass_and_a_shape_that_cannot_be_reached_is_inconclu
     tie = ROOT / "fixtures" / "workloads" / "tie-4.toml"
     res = patchkit("verify", "--workload", str(tie), "--report-dir", str(tmp_path / "tie"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    tie = json.loads((tmp_path / "tie" / "report.json").read_text())
-    victim = [c for v in tie["workloads"]["tie-4"]["verdicts"] for c in v["checks"] if c["name"] == "victim-is-largest"]
+    rep = json.loads((tmp_path / "tie" / "report.json").read_text())
+    victim = [c for v in rep["workloads"]["tie-4"]["verdicts"] for c in v["checks"] if c["name"] == "victim-is-largest"]
     # four equal prompts: tied at the overflow ("any of them is right"), or, when one slot got a
     # step ahead, a unique largest; either way the patch's victim is right
     assert victim and all(c["status"] == "pass" for c in victim), victim
