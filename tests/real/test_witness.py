@@ -26,7 +26,10 @@ def test_the_witness_sees_every_perturbation_the_tiny_model_sees_none(c2):
         if kind == "batch":
             assert k["detected"] == 0, "the witness diverged beside other sequences: its comparisons mean nothing"
         else:
-            assert k["refused"] == 0 and k["detected"] == k["trials"] == 12, (kind, k)
+            # every edit seen but a foreign cell bit-identical to the own one (same token, same
+            # position: nothing for any head to tell apart; about 1 in 110 `cross` edits)
+            assert k["refused"] == 0 and k["detected"] + k["identical"] == k["trials"] == 12, (kind, k)
+            assert k["identical"] == 0 or kind == "cross", (kind, k)
     # the default random model: a stream that does not see its history (the 0 of 25)
     assert got["tiny"]["change"]["detected"] <= 3 and got["tiny"]["shift"]["detected"] <= 3, got["tiny"]
     assert got["tiny"]["batch"]["detected"] == 0
