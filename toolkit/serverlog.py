@@ -39,13 +39,8 @@ def kv_outcome(o) -> bool:
     return o.outcome == "errored" and (o.error == EXCEEDED or REJECTED not in (o.error or ""))
 
 
-def log_truncated(run: Run) -> bool:
-    """The log ends before the run did: every slot's logged tokens are a prefix of its stream, and
-    some are shorter (measured under load: the server's asynchronous logger had not written the
-    overflow when the log was read), and the server's exit line is missing. Missing evidence, not
-    contrary evidence."""
-    if any(t.kind == "exit" for t in run.trace):
-        return False
+def _logged_tokens(run: Run) -> dict[int, list[int]]:
+    """Each slot's tokens as upstream's log lists them, for the first task the slot launched."""
     slot_of = {t.task: t.slot for t in run.trace if t.kind == "launch"}
     first: dict[int, int] = {}
     for t in run.trace:
@@ -55,6 +50,17 @@ def log_truncated(run: Run) -> bool:
     for t in run.trace:
         if t.kind == "token" and slot_of.get(t.task) == t.slot and first.get(t.slot) == t.task:
             logged.setdefault(t.slot, []).append(t.token)
+    return logged
+
+
+def log_truncated(run: Run) -> bool:
+    """The log ends before the run did: every slot's logged tokens are a prefix of its stream, and
+    some are shorter (measured under load: the server's asynchronous logger had not written the
+    overflow when the log was read), and the server's exit line is missing. Missing evidence, not
+    contrary evidence."""
+    if any(t.kind == "exit" for t in run.trace):
+        return False
+    logged = _logged_tokens(run)
     short = False
     for o in run.outcomes:
         got = tuple(logged.get(o.slot, []))
@@ -67,15 +73,7 @@ def log_truncated(run: Run) -> bool:
 def trace_problems(run: Run) -> list[str]:
     """Does upstream's log describe this run? Each slot's logged tokens must be the ones its client
     received, in order (a log of another run, or a garbled one, cannot pass as evidence)."""
-    slot_of = {t.task: t.slot for t in run.trace if t.kind == "launch"}
-    tasks = {}
-    for t in run.trace:
-        if t.kind == "launch" and t.slot not in tasks:
-            tasks[t.slot] = t.task
-    logged: dict[int, list[int]] = {}
-    for t in run.trace:
-        if t.kind == "token" and slot_of.get(t.task) == t.slot and tasks.get(t.slot) == t.task:
-            logged.setdefault(t.slot, []).append(t.token)
+    logged = _logged_tokens(run)
     problems = []
     for o in run.outcomes:
         if not o.tokens and o.slot not in logged:
