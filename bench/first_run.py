@@ -7,7 +7,9 @@ A fresh HOME (so an empty patchkit cache, ccache and pip cache), a fresh venv an
 of this checkout's HEAD; then the README's commands (`bash ci/run.sh demo`, `bash ci/run.sh
 test`) in the order given, every output line (stdout and stderr, merged) timestamped into
 first-run.log. Printed per command: wall time, exit code, the longest silences with the line
-before and after each, and every line a user would read as a failure (a traceback, a `fatal:`).
+before and after each, and every line a user would read as a failure (a traceback, a `fatal:`);
+for `test`, pytest's 30 slowest phases (a `setup` row is a shared fixture's build, a `call` row a
+test's own run).
 
 --cache DIR: PATCHKIT_CACHE (default: under the fresh HOME, i.e. empty). Run it alone: a second
 job beside it changes every figure.
@@ -30,7 +32,8 @@ ALARMING = re.compile(r"(Traceback \(most recent call last\)|^fatal:|[^:]fatal:|
 def run(cmd: list[str], cwd: Path, env: dict, log, t0: float) -> dict:
     start = last = time.monotonic()
     prev = "(start)"
-    gaps, alarms = [], []
+    gaps, alarms, durations = [], [], []
+    in_durations = False
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          errors="replace", bufsize=1)
     for line in p.stdout:
@@ -41,12 +44,20 @@ def run(cmd: list[str], cwd: Path, env: dict, log, t0: float) -> dict:
         log.flush()
         if ALARMING.search(line):
             alarms.append(line)
+        # pytest's --durations block: setup rows are the fixtures' builds, call rows the tests
+        if re.search(r"slowest \d+ durations", line):
+            in_durations = True
+        elif in_durations and line.startswith("="):
+            in_durations = False
+        if in_durations:
+            durations.append(line)
         last, prev = now, line
     rc = p.wait()
     end = time.monotonic()
     gaps.append((end - last, prev, "(end)"))
     return {"cmd": " ".join(cmd), "rc": rc, "seconds": end - start, "lines": len(gaps) - 1,
-            "gaps": sorted(gaps, reverse=True)[:5], "alarms": alarms}
+            "gaps": sorted(gaps, reverse=True)[:5], "alarms": alarms,
+            "durations": durations}
 
 
 def main() -> int:
@@ -71,7 +82,8 @@ def main() -> int:
     with open(top / "first-run.log", "w") as log:
         for c in args.commands:
             log.write(f"==== bash ci/run.sh {c}\n")
-            results.append(run(["bash", "ci/run.sh", c], clone, env, log, t0))
+            extra = ["--durations=30"] if c == "test" else []
+            results.append(run(["bash", "ci/run.sh", c, *extra], clone, env, log, t0))
     for r in results:
         print(f"\n{r['cmd']}: exit {r['rc']}, {r['seconds']:.1f} s, {r['lines']} lines, "
               f"{len(r['alarms'])} alarming line(s)")
@@ -80,6 +92,8 @@ def main() -> int:
         print("  longest silences:")
         for gap, before, after in r["gaps"]:
             print(f"    {gap:6.1f} s  after: {before[:110]}\n{'':17}before: {after[:110]}")
+        for d in r["durations"]:
+            print(f"  {d}")
     print(f"\nlog: {top / 'first-run.log'} (the fresh HOME, venv and clone are kept beside it)")
     return 0
 
