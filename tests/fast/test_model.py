@@ -8,7 +8,17 @@ def test_vocabulary_has_no_byte_tokens_and_no_duplicates():
     assert not any(t.startswith("<0x") for t in v)
     for t in v[3:]:
         t.encode("utf-8")
-        assert all(c.isascii() or c == "\u2581" for c in t)
+        assert len(t) == 1, f"{t!r}: a piece of several characters makes tokenization ambiguous"
+    assert "\u2581" in v and not {"<", ">"} & set(v)
+
+
+def test_chat_template_renders_with_vocabulary_characters_only():
+    import jinja2
+    msgs = [{"role": "system", "content": "be"}, {"role": "user", "content": "hi there"},
+            {"role": "assistant", "content": "yo"}, {"role": "user", "content": "and?"}]
+    out = jinja2.Environment().from_string(model.CHAT_TEMPLATE).render(messages=msgs, add_generation_prompt=True)
+    assert out == "$be|hi there#yo|and?#"
+    assert set(out.replace(" ", "\u2581")) <= set(model.vocabulary()[3:])
 
 
 def test_same_bytes_every_time(tmp_path):

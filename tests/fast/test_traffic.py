@@ -1,0 +1,125 @@
+"""Traffic workloads: the plan, the judge's verdicts on constructed runs (each check able to fail,
+and failing for its reason), the overflow grouping read from upstream's log."""
+from __future__ import annotations
+
+import pytest
+
+from toolkit import model, traffic
+from toolkit.errors import UsageError
+from toolkit.record import Trace
+
+
+def test_every_fixture_loads_and_plans_the_same_traffic_twice():
+    assert {"lmstudio-1757", "lemonade-3276"} <= set(traffic.available())
+    for name in traffic.available():
+        t = traffic.load(name)
+        assert t.cite.startswith("https://github.com/")
+        assert traffic.plan(t) == traffic.plan(t)
+        assert len(traffic.plan(t)) == t.users and all(len(u) == t.turns for u in traffic.plan(t))
+
+
+def test_messages_are_vocabulary_characters_so_they_tokenize_one_per_character():
+    vocab = set(model.vocabulary()[3:])
+    for name in traffic.available():
+        for user in traffic.plan(traffic.load(name)):
+            for turn in user:
+                assert set(turn.message.replace(" ", "\u2581")) <= vocab, turn.message
+                assert turn.message == turn.message.strip() and turn.max_tokens > 0
+
+
+def test_the_heavy_user_outgrows_the_others_in_lmstudio():
+    t = traffic.load("lmstudio-1757")
+    plan = traffic.plan(t)
+    size = [sum(len(x.message) + x.max_tokens for x in u) for u in plan]
+    assert size[0] > 2 * max(size[1:])
+    # alone, every conversation fits the pool: an eviction, not an impossible turn, is what ends one
+    assert max(size) < t.ctx
+
+
+def test_bad_files_are_refused_with_the_reason(tmp_path):
+    with pytest.raises(UsageError, match="no traffic workload"):
+        traffic.load("nope")
+    p = tmp_path / "x.toml"
+    p.write_text("name = 'x'\nbogus = 1\n")
+    with pytest.raises(UsageError, match="bogus"):
+        traffic.load(str(p))
+    p.write_text("name = [")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        traffic.load(str(p))
+
+
+def _t(**kw):
+    base = dict(name="t", description="", cite="", sizing="", ctx=512, parallel=2, users=2, turns=1,
+                user_chars=(4, 4), reply_tokens=(4, 4), think_s=(0, 0))
+    return traffic.Traffic(**{**base, **kw})
+
+
+def _a(user, turn, attempt, prompt, text, error="", status=200, cached=None):
+    return traffic.Attempt(user, turn, attempt, prompt, 0.0, 0.1, 1.0, error, status, text, 1, cached)
+
+
+def _run(attempts, overflows=(1,), lost=(), after="completed"):
+    return traffic.TrafficRun("t", "candidate", 2.0, tuple(attempts), ((), ()), tuple(lost), after, "log", (),
+                              tuple(overflows), None)
+
+
+def test_a_right_run_passes_and_says_what_it_covered():
+    run = _run([_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "ab", error="Context size has been exceeded."),
+                _a(1, 0, 1, "p1", "wxyz")])
+    side = traffic.judge(_t(), run, {"p0": "abcd", "p1": "wxyz"})
+    # the partial "ab" is not a prefix of "wxyz": that is its own failure
+    assert side.outcome == "FAIL" and "partials-prefix" in [c.name for c in side.checks if c.status == "fail"]
+    side = traffic.judge(_t(), run, {"p0": "abcd", "p1": "abyz"})
+    assert side.outcome == "FAIL" and [c.name for c in side.checks if c.status == "fail"] == ["turns-exact"]
+    run = _run([_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "ab", error="x"), _a(1, 0, 1, "p1", "abyz")])
+    side = traffic.judge(_t(), run, {"p0": "abcd", "p1": "abyz"})
+    assert side.outcome == "PASS", side.checks
+    assert side.users[1].failed == 1 and side.users[1].turns == 1 and dict(side.users[1].statuses)["stream-error"] == 1
+    assert side.goodput == pytest.approx((4 + 4) / 2.0)
+
+
+def test_a_changed_turn_fails_with_the_place_and_both_texts_quoted():
+    side = traffic.judge(_t(), _run([_a(0, 0, 0, "p0", "abcX"), _a(1, 0, 0, "p1", "q")]), {"p0": "abcd", "p1": "q"})
+    bad = [c for c in side.checks if c.status == "fail"]
+    assert [c.name for c in bad] == ["turns-exact"]
+    assert "user 0 turn 0 try 0" in bad[0].detail and "character 3" in bad[0].detail and "'X'" in bad[0].detail
+
+
+def test_two_requests_ended_by_one_overflow_fail_and_no_overflow_is_inconclusive():
+    ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q")]
+    ctl = {"p0": "abcd", "p1": "q"}
+    side = traffic.judge(_t(), _run(ok, overflows=(1, 2)), ctl)
+    assert side.outcome == "FAIL" and "ended more than one" in side.checks[2].detail
+    side = traffic.judge(_t(), _run(ok, overflows=()), ctl)
+    assert side.outcome == "INCONCLUSIVE" and "never ran out" in side.checks[2].detail
+
+
+def test_a_lost_conversation_and_a_dead_server_fail():
+    ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q")]
+    ctl = {"p0": "abcd", "p1": "q"}
+    side = traffic.judge(_t(), _run(ok, lost=(1,)), ctl)
+    assert [c.name for c in side.checks if c.status == "fail"] == ["conversations-complete"]
+    side = traffic.judge(_t(), _run(ok, after="the server died"), ctl)
+    assert [c.name for c in side.checks if c.status == "fail"] == ["serves-after"]
+
+
+def test_overflows_group_one_loop_turns_errors():
+    tr = (Trace("loop"), Trace("batch"), Trace("error", 0, 1, text="Context size has been exceeded."),
+          Trace("error", 1, 2, text="Context size has been exceeded."), Trace("loop"), Trace("step"),
+          Trace("retry"), Trace("error", 2, 3, text="slot evicted, retry"), Trace("loop"),
+          Trace("error", 0, 4, text="something else"))
+    assert traffic.overflows(tr) == (2, 1)
+
+
+def test_prompts_are_rebuilt_from_the_conversations_including_an_unanswered_last_turn():
+    conv0 = ({"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"})
+    run = traffic.TrafficRun("t", "base", 1.0, (), (conv0,), (0,), "completed", "", (), (), None)
+    keys = traffic.prompts([run])
+    assert set(keys) == {traffic.key([conv0[0]]), traffic.key(list(conv0))}
+
+
+def test_shapes_read_the_log_and_a_retry_served_from_cache():
+    log = "x selected slot by LCP similarity y\nz no slot is available, defer task, id_task = 3"
+    got = traffic.shapes(log, [_a(0, 0, 1, "p", "t", cached=12)])
+    assert got == ("slot-by-similarity", "task-queued", traffic.RETRY_CACHED)
+    assert traffic.shapes("", [_a(0, 0, 0, "p", "t", cached=12)]) == ()
