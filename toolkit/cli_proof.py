@@ -440,10 +440,14 @@ def sensitivity_cmd(repo, ref, models, trials, n_gen, seed, kinds, min_share, as
 @candidate_options()
 @click.option("--workload", "names", multiple=True, help="A traffic workload: a name or a .toml path; repeatable "
               "(default: all of fixtures/traffic)." + help_list(traffic_mod.available(), "Known:"))
+@click.option("--variant", default=None, help="With --patch (or the default patch): one of its catalog's broken "
+              "variants (patch.toml [variants.*], e.g. victim-not-freed), to see whether the users' traffic "
+              "catches it.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where traffic.json and the server logs go (default: ./patchkit-traffic).")
 @click.option("--json", "as_json", is_flag=True)
-def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, names, report_dir, as_json) -> None:
+def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, names, variant, report_dir,
+                as_json) -> None:
     """Serve the users' traffic on base and candidate: chat sessions through the openai client.
 
     Seeded users hold multi-turn conversations over /v1/chat/completions (streamed, the
@@ -457,6 +461,8 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
     Examples:
       patchkit traffic                                     # default tree, default patch, both workloads
       patchkit traffic --workload lmstudio-1757 --json
+      patchkit traffic --patch park-slot                   # a preemption family: no request may end
+      patchkit traffic --variant victim-not-freed          # a wrong rendering: is it caught?
       patchkit traffic --repo ~/llama.cpp --base main --candidate my-branch --report-dir out
     """
     from . import build as build_mod
@@ -469,19 +475,27 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
     r = open_repo(repo, ui)
     base, why = pipeline.choose_base(r, default_base(base_ref, repo), candidate_ref)
     with ui.step("prepare candidate"):
+        if variant and (candidate_ref or patch_file or commit):
+            raise UsageError("--variant renders a broken variant of a patchkit patch: give it with --patch (or "
+                             "alone, for the default patch), not with --candidate, --patch-file or --commit.")
         cand, label, _, _ = pipeline.resolve_candidate(r, base, candidate_ref=candidate_ref, patch_name=patch_name,
-                                                       patch_file=patch_file, commit=commit, progress=ui.say)
+                                                       patch_file=patch_file, commit=commit, variant=variant,
+                                                       progress=ui.say)
     pipeline.refuse_vacuous(r, base, why, cand, label)
     ui.say(f"base {base[:12]} ({why}); candidate {cand[:12]} ({label})")
     with ui.step("build base and candidate"):
         base_bin = build_mod.build(r, base, progress=ui.progress).binary
         cand_bin = build_mod.build(r, cand, progress=ui.progress).binary
+    from . import patch as patch_mod
+    # the family's own promise: a preemption patch ends no request, the eviction ends one per overflow
+    family = patch_name or pipeline.series_patch(r, cand) or patch_mod.DEFAULT_PATCH
+    promise = "preemption" if patch_mod.load_patch(family).expect == "preemption" else "one-victim"
     out_dir = (report_dir or Path("patchkit-traffic")).resolve()
     results = []
     for t in loads:
         with ui.step(f"traffic {t.name}"):
-            results.append(tr.compare(base_bin, cand_bin, t, out_dir / "logs", say=ui.say))
-    doc = {"base": base, "candidate": cand, "candidate_label": label,
+            results.append(tr.compare(base_bin, cand_bin, t, out_dir / "logs", promise=promise, say=ui.say))
+    doc = {"base": base, "candidate": cand, "candidate_label": label, "promise": tr.PROMISES[promise],
            "workloads": [tr.to_json(x.traffic, {"base": x.base, "candidate": x.candidate}) for x in results]}
     outcomes = [x.outcome for x in results]
     outcome = "FAIL" if "FAIL" in outcomes else "INCONCLUSIVE" if "INCONCLUSIVE" in outcomes else "PASS"

@@ -20,7 +20,9 @@ a turn that still fails loses the conversation. The judge:
                        cell lost, shifted, stale or foreign in the served conversation shows.
   partials-prefix      a turn ended by an error streamed a prefix of its control.
   one-victim-per-overflow  each time the pool ran out (upstream's verbose log: the errors of one
-                       loop turn), exactly one request ended.
+                       loop turn), exactly one request ended; for a preemption family (park,
+                       recompute, hybrid) `no-request-ended` instead: no request ended at all.
+                       A pool that never ran out is INCONCLUSIVE.
   conversations-complete   every user completed every turn (retries included).
   serves-after         a fresh request completes after the traffic.
 
@@ -79,9 +81,11 @@ class Traffic:
     reply_tokens: tuple[int, int]  # each turn's max_tokens, drawn per turn
     think_s: tuple[float, float]   # a user's pause before each turn and before a regenerate
     seed: int = 1
-    heavy: tuple[int, ...] = ()    # users whose messages and replies are `heavy_factor` times longer
+    heavy: tuple[int, ...] = ()    # users whose messages are `heavy_factor` times longer (they paste documents)
     heavy_factor: float = 1.0
-    retries: int = 3               # regenerates of a failed turn before the user gives up
+    retries: int = 6               # regenerates of a failed turn before the user gives up
+    backoff_s: float = 0.25        # before the k-th regenerate the user waits think + backoff * 2**k (a
+    #                                client's exponential backoff: 0.25, 0.5, 1, 2, 4, 8 s)
     threads: int = 1               # -t: no code path depends on it; 1 keeps a loaded machine's pace
     model: str = "witness"
     path: Path | None = None
@@ -137,7 +141,7 @@ def plan(t: Traffic) -> tuple[tuple[Turn, ...], ...]:
                 words.append("".join(rng.choice(list(_ALPHABET), w)))
                 left -= w + 1
             msg = " ".join(words)[:max(n, 1)].strip() or "a"
-            turns.append(Turn(u, k, msg, int(rng.integers(t.reply_tokens[0], t.reply_tokens[1] + 1) * f),
+            turns.append(Turn(u, k, msg, int(rng.integers(t.reply_tokens[0], t.reply_tokens[1] + 1)),
                               float(rng.uniform(*t.think_s))))
         out.append(tuple(turns))
     return tuple(out)
@@ -180,6 +184,7 @@ class TrafficRun:
     shapes: tuple[str, ...]
     overflows: tuple[int, ...]                    # per overflow (one loop turn's errors): requests it ended
     exit_code: int | None
+    pressure: int = 0                             # loop turns in which the pool could not place a batch
 
 
 def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, counter: list[int]) -> Attempt:
@@ -244,7 +249,8 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
                 if a.ok:
                     messages.append({"role": "assistant", "content": a.text})
                     break
-                time.sleep(turn.think_s)        # a person reads the error, then presses "retry"
+                # a person (or an agent's client) reads the error, backs off, then retries
+                time.sleep(turn.think_s + t.backoff_s * 2 ** k)
             else:
                 with lock:
                     lost.append(turn.user)
@@ -286,9 +292,10 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
             c.close()
             after = "completed" if a.ok and a.text else (a.error or "no content")
     text = log_path.read_text(errors="replace")
+    trace = record.trace_from_log(text)
     return TrafficRun(t.name, side, wall, tuple(sorted(attempts, key=lambda a: (a.user, a.turn, a.attempt))),
                       tuple(conversations), tuple(sorted(set(lost))), after, str(log_path),
-                      shapes(text, attempts), overflows(record.trace_from_log(text)), exit_code)
+                      shapes(text, attempts), overflows(trace), exit_code, pressure(trace))
 
 
 def shapes(log_text: str, attempts) -> tuple[str, ...]:
@@ -299,11 +306,15 @@ def shapes(log_text: str, attempts) -> tuple[str, ...]:
 
 
 def overflows(trace) -> tuple[int, ...]:
-    """Per time the pool ran out: how many requests its errors ended (the kv errors of one loop turn)."""
+    """Per failed placement of a batch ("failed to find a memory slot", llama.cpp's own line): how
+    many requests the errors sent before the next attempt ended. upstream ends every processing
+    slot after one failure; a right eviction ends one, then tries again (a second failure in the
+    same loop turn is a second overflow, with its own victim). Failures that ended nobody (idle
+    slots purged, a smaller batch that fit) are not counted."""
     ends = serverlog.kv_errors(trace)
     out, cur = [], 0
     for k, tr in enumerate(trace):
-        if tr.kind in ("step", "loop"):
+        if tr.kind in ("step", "loop", "batch"):
             if cur:
                 out.append(cur)
             cur = 0
@@ -312,6 +323,19 @@ def overflows(trace) -> tuple[int, ...]:
     if cur:
         out.append(cur)
     return tuple(out)
+
+
+def pressure(trace) -> int:
+    """Loop turns in which llama.cpp could not place a batch in the pool ("failed to find a memory
+    slot", upstream's retry with a smaller batch): the pool ran out, whatever the patch did next
+    (terminate, park, recompute, or a purge of idle slots that sufficed)."""
+    n, hit = 0, False
+    for tr in trace:
+        if tr.kind in ("step", "loop"):
+            n, hit = n + hit, False
+        elif tr.kind in ("batch", "retry"):
+            hit = True
+    return n + hit
 
 
 # ---- controls: each turn's messages, served alone on a quiet server
@@ -422,7 +446,11 @@ def _diverge(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str]) -> Side:
+# what the candidate promises about requests when the pool runs out, by its family's expectation
+PROMISES = {"one-victim": "one-victim-per-overflow", "preemption": "no-request-ended"}
+
+
+def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-victim") -> Side:
     side = stats(t, r)
     checks = []
     bad, missing = [], 0
@@ -443,17 +471,24 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str]) -> Side:
     pre = [f"user {a.user} turn {a.turn} try {a.attempt}: partial {a.text[:24]!r} is not a prefix of its control "
            f"(differs at {_diverge(a.text, ctl[a.prompt])})"
            for a in r.attempts if not a.ok and a.prompt in ctl and not ctl[a.prompt].startswith(a.text)]
-    nfail = sum(1 for a in r.attempts if not a.ok)
+    failed = [a for a in r.attempts if not a.ok]
+    nfail, first = len(failed), (failed[0] if failed else None)
     checks.append(Check("partials-prefix", "fail" if pre else "pass",
                         "; ".join(pre[:3]) if pre else f"{nfail} ended turns streamed a prefix of their control"))
-    if not r.overflows:
-        checks.append(Check("one-victim-per-overflow", "inconclusive",
-                            "the pool never ran out: nothing was evicted (a shape not reached, not a verdict)"))
+    if not (r.pressure or r.overflows):
+        checks.append(Check(PROMISES[promise], "inconclusive",
+                            "the pool never ran out: nothing was evicted or parked (a shape not reached, not a verdict)"))
+    elif promise == "preemption":
+        checks.append(Check(PROMISES[promise], "fail" if nfail else "pass",
+                            f"the pool ran out in {r.pressure} loop turns; " +
+                            (f"{nfail} requests ended with an error, first: user {first.user} turn {first.turn}: "
+                             f"{first.error!r}" if nfail else "no request ended: every one was kept or resumed")))
     else:
         many = [n for n in r.overflows if n != 1]
-        checks.append(Check("one-victim-per-overflow", "fail" if many else "pass",
-                            f"{len(r.overflows)} overflows ended {list(r.overflows)} requests" +
-                            (f": {len(many)} ended more than one" if many else ", one each")))
+        checks.append(Check(PROMISES[promise], "fail" if many else "pass",
+                            f"the pool ran out in {r.pressure} loop turns; {len(r.overflows)} overflows ended "
+                            f"{list(r.overflows)} requests" + (f": {len(many)} ended more than one" if many else
+                                                               (", one each" if r.overflows else ""))))
     checks.append(Check("conversations-complete", "fail" if r.lost else "pass",
                         f"users {list(r.lost)} gave up after {t.retries} regenerates" if r.lost else
                         f"{t.users} users completed {t.turns} turns each"))
@@ -468,11 +503,16 @@ def to_json(t: Traffic, sides: dict[str, Side]) -> dict:
         return {"outcome": s.outcome, "wall_s": round(s.run.wall, 2),
                 "goodput_tok_s": round(s.goodput, 1), "ttft_p50_s": s.ttft_p50, "ttft_p99_s": s.ttft_p99,
                 "latency_p50_s": s.latency_p50, "latency_p99_s": s.latency_p99,
-                "overflows": list(s.run.overflows), "shapes": list(s.run.shapes), "lost": list(s.run.lost),
+                "overflows": list(s.run.overflows), "pressure": s.run.pressure, "shapes": list(s.run.shapes), "lost": list(s.run.lost),
                 "serves_after": s.run.serves_after, "log": s.run.log,
                 "users": [{"user": u.user, "turns": u.turns, "planned": u.planned, "failed": u.failed,
                            "sdk_retries": u.retries_sdk, "statuses": dict(u.statuses), "lost": u.lost} for u in s.users],
-                "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in s.checks]}
+                "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in s.checks],
+                "attempts": [{"user": a.user, "turn": a.turn, "try": a.attempt, "ok": a.ok, "status": a.status,
+                              "error": a.error, "tokens": len(a.text), "cached": a.cached, "requests": a.requests,
+                              "start_s": round(a.start, 3),
+                              "ttft_s": None if a.ttft is None else round(a.ttft, 3),
+                              "latency_s": round(a.end - a.start, 3)} for a in s.run.attempts]}
     return {"traffic": t.name, "cite": t.cite, "users": t.users, "turns": t.turns, "ctx": t.ctx, "parallel": t.parallel,
             "sides": {k: side(v) for k, v in sides.items()}}
 
@@ -485,7 +525,8 @@ def text(t: Traffic, sides: dict[str, Side]) -> str:
         lost = sum(u.planned - u.turns for u in s.users)
         lines.append(f"  {name}: {sum(u.turns for u in s.users)}/{t.users * t.turns} turns completed, "
                      f"{sum(u.failed for u in s.users)} failed attempts, {lost} turns lost "
-                     f"({len(s.run.lost)} users gave up); overflows {list(s.run.overflows) or 'none'}; "
+                     f"({len(s.run.lost)} users gave up); pool ran out in {s.run.pressure} loop turns, "
+                     f"requests ended per overflow {list(s.run.overflows) or 'none'}; "
                      f"goodput {s.goodput:.1f} tok/s; ttft p50/p99 {f(s.ttft_p50)}/{f(s.ttft_p99)} s; "
                      f"latency p50/p99 {f(s.latency_p50)}/{f(s.latency_p99)} s")
         for u in s.users:
@@ -513,7 +554,7 @@ class Result:
 
 
 def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_name: str | None = None,
-            say=lambda s: None) -> Result:
+            promise: str = "one-victim", say=lambda s: None) -> Result:
     """The traffic on the base and on the candidate, each turn against its solo control (served by
     the base binary: the control is upstream's own answer, never the candidate's)."""
     from . import model as model_mod
@@ -526,4 +567,4 @@ def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_
         runs[side] = run(binary, m.path, t, out_dir / f"{t.name}.{side}.log", side)
     say(f"{t.name}: every turn again, alone, on a quiet base server (the controls)")
     ctl = controls(base_bin, m.path, t, runs.values(), out_dir / f"{t.name}.control.log")
-    return Result(t, judge(t, runs["base"], ctl), judge(t, runs["candidate"], ctl))
+    return Result(t, judge(t, runs["base"], ctl), judge(t, runs["candidate"], ctl, promise))

@@ -27,13 +27,23 @@ def test_messages_are_vocabulary_characters_so_they_tokenize_one_per_character()
                 assert turn.message == turn.message.strip() and turn.max_tokens > 0
 
 
-def test_the_heavy_user_outgrows_the_others_in_lmstudio():
+def _cells(turns):
+    """Cells a conversation holds at the end of each turn: role marks, messages, replies."""
+    out, c = [], 0
+    for x in turns:
+        c += 1 + len(x.message) + 1 + x.max_tokens
+        out.append(c)
+    return out
+
+
+def test_the_heavy_user_outgrows_its_share_in_lmstudio_by_arithmetic():
     t = traffic.load("lmstudio-1757")
-    plan = traffic.plan(t)
-    size = [sum(len(x.message) + x.max_tokens for x in u) for u in plan]
-    assert size[0] > 2 * max(size[1:])
-    # alone, every conversation fits the pool: an eviction, not an impossible turn, is what ends one
-    assert max(size) < t.ctx
+    cells = [_cells(u) for u in traffic.plan(t)]
+    assert cells[0][-1] > t.ctx / 2 > max(c[-1] for c in cells[1:])
+    # from turn 3 on the three conversations hold more than the pool; at turn 2 they fit
+    assert sum(c[2] for c in cells) > t.ctx >= sum(c[1] for c in cells)
+    # alone, every conversation fits: an eviction, not an impossible turn, is what ends one
+    assert max(c[-1] for c in cells) < t.ctx
 
 
 def test_bad_files_are_refused_with_the_reason(tmp_path):
@@ -58,9 +68,9 @@ def _a(user, turn, attempt, prompt, text, error="", status=200, cached=None):
     return traffic.Attempt(user, turn, attempt, prompt, 0.0, 0.1, 1.0, error, status, text, 1, cached)
 
 
-def _run(attempts, overflows=(1,), lost=(), after="completed"):
+def _run(attempts, overflows=(1,), lost=(), after="completed", pressure=1):
     return traffic.TrafficRun("t", "candidate", 2.0, tuple(attempts), ((), ()), tuple(lost), after, "log", (),
-                              tuple(overflows), None)
+                              tuple(overflows), None, pressure)
 
 
 def test_a_right_run_passes_and_says_what_it_covered():
@@ -90,8 +100,20 @@ def test_two_requests_ended_by_one_overflow_fail_and_no_overflow_is_inconclusive
     ctl = {"p0": "abcd", "p1": "q"}
     side = traffic.judge(_t(), _run(ok, overflows=(1, 2)), ctl)
     assert side.outcome == "FAIL" and "ended more than one" in side.checks[2].detail
-    side = traffic.judge(_t(), _run(ok, overflows=()), ctl)
+    side = traffic.judge(_t(), _run(ok, overflows=(), pressure=0), ctl)
     assert side.outcome == "INCONCLUSIVE" and "never ran out" in side.checks[2].detail
+    # pressure resolved without ending anyone (idle slots purged): reached, and one victim each holds
+    assert traffic.judge(_t(), _run(ok, overflows=(), pressure=2), ctl).outcome == "PASS"
+
+
+def test_a_preemption_family_promises_no_request_ends():
+    ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q")]
+    ctl = {"p0": "abcd", "p1": "q"}
+    assert traffic.judge(_t(), _run(ok, overflows=(), pressure=3), ctl, "preemption").outcome == "PASS"
+    ended = ok + [_a(1, 0, 0, "p1", "", error="Context size has been exceeded.")]
+    side = traffic.judge(_t(), _run(ended, overflows=(1,), pressure=3), ctl, "preemption")
+    bad = [c for c in side.checks if c.status == "fail"]
+    assert [c.name for c in bad] == ["no-request-ended"] and "Context size has been exceeded." in bad[0].detail
 
 
 def test_a_lost_conversation_and_a_dead_server_fail():
@@ -103,12 +125,17 @@ def test_a_lost_conversation_and_a_dead_server_fail():
     assert [c.name for c in side.checks if c.status == "fail"] == ["serves-after"]
 
 
-def test_overflows_group_one_loop_turns_errors():
+def test_overflows_group_the_errors_of_one_failed_placement():
     tr = (Trace("loop"), Trace("batch"), Trace("error", 0, 1, text="Context size has been exceeded."),
           Trace("error", 1, 2, text="Context size has been exceeded."), Trace("loop"), Trace("step"),
           Trace("retry"), Trace("error", 2, 3, text="slot evicted, retry"), Trace("loop"),
           Trace("error", 0, 4, text="something else"))
     assert traffic.overflows(tr) == (2, 1)
+    assert traffic.pressure(tr) == 2
+    # a right eviction: a failure, one victim, a failure again in the same loop turn, one victim
+    tr = (Trace("loop"), Trace("batch"), Trace("error", 0, 1, text="Context size has been exceeded."),
+          Trace("batch"), Trace("error", 1, 2, text="Context size has been exceeded."), Trace("loop"))
+    assert traffic.overflows(tr) == (1, 1) and traffic.pressure(tr) == 1
 
 
 def test_prompts_are_rebuilt_from_the_conversations_including_an_unanswered_last_turn():

@@ -54,6 +54,21 @@ def test_second_build_is_reused(c2, c2_base):
     assert again.reused and again.binary == c2_base.binary
 
 
+def test_two_fresh_clones_share_one_build_and_leave_no_workspace(c2, c2_base, tmp_path):
+    """Issue 37: one build per tree content, never per clone. Two clones of the default tree at
+    two paths build nothing (the binary store is keyed by tree), and add no workspace to the cache
+    (workspaces are keyed by history, so both clones name the default tree's own)."""
+    from toolkit import cache
+    work = cache.root() / "work"
+    before = set(work.iterdir()) if work.exists() else set()
+    for name in ("one", "two"):
+        repo = clone(c2, tmp_path / name)
+        got = build.build(repo, source.BASELINE_TAG)
+        assert got.reused and got.binary == c2_base.binary, name
+        assert build.workspace_root(repo, build.Options()) == build.workspace_root(git.Repo(c2.path), build.Options())
+    assert (set(work.iterdir()) if work.exists() else set()) == before
+
+
 def test_baseline_overflow_4_reproduces_the_bug(c2_base, tmp_path):
     res = patchkit("verify", "--baseline-only", "--workload", "overflow-4", "--report-dir", str(tmp_path), "--json")
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,0 +1,90 @@
+"""The users' traffic (issue 35), for real: seeded chat sessions through the official `openai`
+client against the default tree's llama-server on upstream's defaults (prompt cache on, slots
+chosen by similarity, a queue), base and candidate, each turn against its solo control. Each
+check the traffic adds is shown failing on a wrong patch, for its reason."""
+import json
+import subprocess
+import sys
+
+from toolkit import source
+
+from .conftest import clone
+
+
+def patchkit(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, **kw)
+
+
+def sides(doc, name):
+    w = next(w for w in doc["workloads"] if w["traffic"] == name)
+    return w["sides"]["base"], w["sides"]["candidate"]
+
+
+def failed(side):
+    return {c["name"]: c["detail"] for c in side["checks"] if c["status"] == "fail"}
+
+
+def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
+    """LM Studio #1757 and lemonade #3276, scaled: the base ends every processing request at an
+    overflow and users give up; the eviction ends one per overflow, every retry completes and
+    equals its control, every conversation completes."""
+    res = patchkit("traffic", "--json", "--report-dir", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["outcome"] == "PASS" and doc["promise"] == "one-victim-per-overflow"
+    assert json.loads((tmp_path / "traffic.json").read_text())["outcome"] == "PASS"
+    for name in ("lmstudio-1757", "lemonade-3276"):
+        base, cand = sides(doc, name)
+        # the bug, as the users reported it: one overflow ends several users' turns at once
+        assert any(n > 1 for n in base["overflows"]), (name, base["overflows"])
+        assert sum(u["failed"] for u in base["users"]) > sum(u["failed"] for u in cand["users"]), name
+        # the candidate: one request per overflow, and only those retried; every turn exact
+        assert cand["outcome"] == "PASS", (name, cand["checks"])
+        assert cand["overflows"] and set(cand["overflows"]) == {1}, (name, cand["overflows"])
+        assert sum(u["failed"] for u in cand["users"]) == len(cand["overflows"]), name
+        assert all(u["turns"] == u["planned"] for u in cand["users"]), name
+        assert cand["serves_after"] == "completed"
+        # a real client on the server's defaults: slots by similarity, the prompt cache both ways
+        for shape in ("slot-by-similarity", "idle-slot-saved", "prompt-cache-loaded"):
+            assert shape in cand["shapes"], (name, shape, cand["shapes"])
+        # an eviction reaches the client inside a 200 stream: the SDK's own retry never sees it
+        assert all(a["status"] == 200 for a in cand["attempts"]), name
+    assert "task-queued" in sides(doc, "lemonade-3276")[1]["shapes"]
+
+
+def test_two_victims_per_overflow_fail_the_traffic_for_that_reason(c2_base, tmp_path):
+    res = patchkit("traffic", "--variant", "two-victims", "--workload", "lmstudio-1757", "--json",
+                   "--report-dir", str(tmp_path))
+    assert res.returncode == 1, res.stderr[-3000:] + res.stdout[-3000:]
+    _, cand = sides(json.loads(res.stdout), "lmstudio-1757")
+    bad = failed(cand)
+    assert "one-victim-per-overflow" in bad and "ended more than one" in bad["one-victim-per-overflow"], bad
+
+
+def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, tmp_path):
+    """--repo/--base/--candidate on a user's clone (the default patch committed on a branch), and
+    --patch park-slot: a preemption family is held to its own promise, no request ends."""
+    repo = clone(c2, tmp_path / "user")
+    res = patchkit("apply", "--repo", str(repo.working_dir), "--branch", "evict")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = patchkit("traffic", "--repo", str(repo.working_dir), "--base", source.BASELINE_TAG, "--candidate", "evict",
+                   "--workload", "lmstudio-1757", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    assert "one-victim-per-overflow: the pool ran out" in res.stdout and res.stdout.strip().endswith("PASS")
+    res = patchkit("traffic", "--patch", "park-slot", "--workload", "lmstudio-1757", "--json",
+                   "--report-dir", str(tmp_path / "p"))
+    doc = json.loads(res.stdout)
+    assert doc["promise"] == "no-request-ended"
+    _, cand = sides(doc, "lmstudio-1757")
+    assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
+    assert all(u["failed"] == 0 for u in cand["users"]) and all(u["turns"] == u["planned"] for u in cand["users"])
+
+
+def test_refusals_name_the_conflict_and_build_nothing(tmp_path):
+    res = patchkit("traffic", "--variant", "two-victims", "--commit", "HEAD", "--report-dir", str(tmp_path))
+    assert res.returncode == 2 and "--variant renders a broken variant" in res.stderr, res.stderr
+    res = patchkit("traffic", "--patch-file", str(tmp_path / "x.patch"), "--candidate", "main")
+    assert res.returncode == 2 and "at most one of" in res.stderr, res.stderr
+    res = patchkit("traffic", "--workload", "nope")
+    assert res.returncode == 2 and "no traffic workload 'nope'" in res.stderr, res.stderr
+    assert not (tmp_path / "traffic.json").exists()
