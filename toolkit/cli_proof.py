@@ -443,11 +443,15 @@ def sensitivity_cmd(repo, ref, models, trials, n_gen, seed, kinds, min_share, as
 @click.option("--variant", default=None, help="With --patch (or the default patch): one of its catalog's broken "
               "variants (patch.toml [variants.*], e.g. victim-not-freed), to see whether the users' traffic "
               "catches it.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20), help="Runs per workload and "
+              "side: a check must hold in every run; goodput and p99 latency are reported as medians with ranges.")
+@click.option("--candidate-only", is_flag=True, help="Skip the base's run (its losses are the 'before' of the "
+              "table; the candidate is judged the same, against controls the base binary serves).")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where traffic.json and the server logs go (default: ./patchkit-traffic).")
 @click.option("--json", "as_json", is_flag=True)
-def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, names, variant, report_dir,
-                as_json) -> None:
+def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, names, variant, repeat,
+                candidate_only, report_dir, as_json) -> None:
     """Serve the users' traffic on base and candidate: chat sessions through the openai client.
 
     Seeded users hold multi-turn conversations over /v1/chat/completions (streamed, the
@@ -494,9 +498,10 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
     results = []
     for t in loads:
         with ui.step(f"traffic {t.name}"):
-            results.append(tr.compare(base_bin, cand_bin, t, out_dir / "logs", promise=promise, say=ui.say))
+            results.append(tr.compare(base_bin, cand_bin, t, out_dir / "logs", promise=promise,
+                                      with_base=not candidate_only, repeat=repeat, say=ui.say))
     doc = {"base": base, "candidate": cand, "candidate_label": label, "promise": tr.PROMISES[promise],
-           "workloads": [tr.to_json(x.traffic, {"base": x.base, "candidate": x.candidate}) for x in results]}
+           "workloads": [tr.to_json(x) for x in results]}
     outcomes = [x.outcome for x in results]
     outcome = "FAIL" if "FAIL" in outcomes else "INCONCLUSIVE" if "INCONCLUSIVE" in outcomes else "PASS"
     doc["outcome"] = outcome
@@ -506,7 +511,7 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
         emit_json(doc)
     else:
         for x in results:
-            click.echo(tr.text(x.traffic, {"base": x.base, "candidate": x.candidate}))
+            click.echo(tr.text(x))
         click.echo(f"report: {out_dir / 'traffic.json'}")
         click.echo(outcome)
     sys.exit(OUTCOME_EXIT[outcome])

@@ -87,6 +87,13 @@ class Traffic:
     backoff_s: float = 0.25        # before the k-th regenerate the user waits think + backoff * 2**k (a
     #                                client's exponential backoff: 0.25, 0.5, 1, 2, 4, 8 s)
     threads: int = 1               # -t: no code path depends on it; 1 keeps a loaded machine's pace
+    # bad input and rude clients, by user: a first turn longer than the whole pool (the server must
+    # refuse it with a 4xx that says so, and the user does not retry a refusal), and a client that
+    # closes its first turn's stream after `hangup_after` tokens (then regenerates, as "stop" and
+    # "retry" in a chat UI)
+    oversize: tuple[int, ...] = ()
+    hangup: tuple[int, ...] = ()
+    hangup_after: int = 8
     model: str = "witness"
     path: Path | None = None
 
@@ -101,6 +108,7 @@ class Turn:
     message: str
     max_tokens: int
     think_s: float
+    hangup: int = 0          # close the first try's stream after this many tokens (0: read it all)
 
 
 def available() -> list[str]:
@@ -141,8 +149,13 @@ def plan(t: Traffic) -> tuple[tuple[Turn, ...], ...]:
                 words.append("".join(rng.choice(list(_ALPHABET), w)))
                 left -= w + 1
             msg = " ".join(words)[:max(n, 1)].strip() or "a"
+            if k == 0 and u in t.oversize:      # longer than the pool: no slot can ever hold it
+                msg = ("x" * (t.ctx + 64))
+            think = float(rng.uniform(*t.think_s))
+            # the first turns arrive together (a burst: with more users than slots, some wait in
+            # the queue by construction, not by the luck of the think times)
             turns.append(Turn(u, k, msg, int(rng.integers(t.reply_tokens[0], t.reply_tokens[1] + 1)),
-                              float(rng.uniform(*t.think_s))))
+                              think if k else 0.0, t.hangup_after if k == 0 and u in t.hangup else 0))
         out.append(tuple(turns))
     return tuple(out)
 
@@ -165,6 +178,7 @@ class Attempt:
     text: str                    # what streamed (all of it, or the partial before the error)
     requests: int                # HTTP requests the client made (1 + the SDK's own retries)
     cached: int | None           # the server's prompt_tokens_details.cached_tokens (None: not sent)
+    cause: str = ""              # why it ended early when the client caused it: "hangup" | "refused" (a 4xx)
 
     @property
     def ok(self) -> bool:
@@ -192,7 +206,7 @@ def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, coun
 
     before = counter[0]
     start = time.monotonic() - t0
-    text, ttft, cached, status, error = [], None, None, None, ""
+    text, ttft, cached, status, error, cause = [], None, None, None, "", ""
     try:
         stream = client.chat.completions.create(model="patchkit", messages=messages, max_tokens=turn.max_tokens,
                                                 temperature=0, stream=True, stream_options={"include_usage": True})
@@ -205,14 +219,19 @@ def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, coun
                     if ttft is None:
                         ttft = time.monotonic() - t0 - start
                     text.append(ch.delta.content)
+            if turn.hangup and attempt == 0 and len(text) >= turn.hangup:
+                stream.close()                  # the client goes away mid-stream
+                error, cause = f"the client closed the stream after {len(text)} tokens", "hangup"
+                break
     except openai.APIStatusError as e:
         status, error = e.status_code, _message(e)
+        cause = "refused" if 400 <= e.status_code < 500 else ""
     except openai.APIError as e:          # an error event inside the stream, a dropped connection
         error = _message(e) or type(e).__name__
     except Exception as e:                # noqa: BLE001 - any client failure is this turn's outcome
         error = f"{type(e).__name__}: {e}"
     return Attempt(turn.user, turn.index, attempt, key(messages), start, ttft, time.monotonic() - t0, error, status,
-                   "".join(text), counter[0] - before, cached)
+                   "".join(text), counter[0] - before, cached, cause)
 
 
 def _message(e) -> str:
@@ -249,6 +268,8 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
                 if a.ok:
                     messages.append({"role": "assistant", "content": a.text})
                     break
+                if a.cause == "refused":        # "your message is too long": retrying cannot help
+                    return
                 # a person (or an agent's client) reads the error, backs off, then retries
                 time.sleep(turn.think_s + t.backoff_s * 2 ** k)
             else:
@@ -370,8 +391,9 @@ def controls(binary: Path, model: Path, t: Traffic, runs, log_path: Path, *, tim
         counter = [0]
         c = _client(ep.url, counter, timeout)
         try:
+            refused = {a.prompt for r in runs for a in r.attempts if a.cause == "refused"}
             for k, msgs in sorted(wanted.items()):
-                if k not in max_tokens:
+                if k not in max_tokens or k in refused:   # a refusal has no reply to compare
                     continue
                 stream = c.chat.completions.create(model="patchkit", messages=msgs, max_tokens=max_tokens[k],
                                                    temperature=0, stream=True, extra_body={"cache_prompt": False})
@@ -455,6 +477,8 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
     checks = []
     bad, missing = [], 0
     for a in r.attempts:
+        if a.cause == "refused":
+            continue
         want = ctl.get(a.prompt)
         if want is None:
             missing += 1
@@ -471,72 +495,133 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
     pre = [f"user {a.user} turn {a.turn} try {a.attempt}: partial {a.text[:24]!r} is not a prefix of its control "
            f"(differs at {_diverge(a.text, ctl[a.prompt])})"
            for a in r.attempts if not a.ok and a.prompt in ctl and not ctl[a.prompt].startswith(a.text)]
-    failed = [a for a in r.attempts if not a.ok]
-    nfail, first = len(failed), (failed[0] if failed else None)
+    ended = [a for a in r.attempts if not a.ok and not a.cause]     # ended by the server, not the client
     checks.append(Check("partials-prefix", "fail" if pre else "pass",
-                        "; ".join(pre[:3]) if pre else f"{nfail} ended turns streamed a prefix of their control"))
+                        "; ".join(pre[:3]) if pre else
+                        f"{sum(1 for a in r.attempts if not a.ok and a.cause != 'refused')} ended turns streamed a "
+                        "prefix of their control"))
     if not (r.pressure or r.overflows):
         checks.append(Check(PROMISES[promise], "inconclusive",
                             "the pool never ran out: nothing was evicted or parked (a shape not reached, not a verdict)"))
     elif promise == "preemption":
-        checks.append(Check(PROMISES[promise], "fail" if nfail else "pass",
+        checks.append(Check(PROMISES[promise], "fail" if ended else "pass",
                             f"the pool ran out in {r.pressure} loop turns; " +
-                            (f"{nfail} requests ended with an error, first: user {first.user} turn {first.turn}: "
-                             f"{first.error!r}" if nfail else "no request ended: every one was kept or resumed")))
+                            (f"{len(ended)} requests ended with an error, first: user {ended[0].user} turn "
+                             f"{ended[0].turn}: {ended[0].error!r}" if ended else
+                             "no request ended: every one was kept or resumed")))
     else:
         many = [n for n in r.overflows if n != 1]
         checks.append(Check(PROMISES[promise], "fail" if many else "pass",
                             f"the pool ran out in {r.pressure} loop turns; {len(r.overflows)} overflows ended "
                             f"{list(r.overflows)} requests" + (f": {len(many)} ended more than one" if many else
                                                                (", one each" if r.overflows else ""))))
+    if t.oversize or t.hangup:
+        checks.append(_rude(t, r))
     checks.append(Check("conversations-complete", "fail" if r.lost else "pass",
                         f"users {list(r.lost)} gave up after {t.retries} regenerates" if r.lost else
-                        f"{t.users} users completed {t.turns} turns each"))
+                        f"{t.users - len(t.oversize)} users completed {t.turns} turns each" +
+                        (f" (users {list(t.oversize)} were refused, as they must be)" if t.oversize else "")))
     checks.append(Check("serves-after", "pass" if r.serves_after == "completed" else "fail", r.serves_after))
     return replace(side, checks=tuple(checks))
 
 
+def _rude(t: Traffic, r: TrafficRun) -> Check:
+    """`bad-input-handled`: a turn longer than the pool is refused with a 4xx whose message says
+    why (and not after it held the pool: its user's is the only turn it costs); a client that
+    hung up costs only its own turn, which its regenerate completes."""
+    bad = []
+    for u in t.oversize:
+        first = next((a for a in r.attempts if a.user == u and a.turn == 0), None)
+        if first is None or first.cause != "refused" or "context" not in first.error.lower():
+            bad.append(f"user {u}'s turn longer than the pool: " + (
+                "never answered" if first is None else
+                f"status {first.status}, {first.error or 'completed'!r} (want a 4xx that names the context size)"))
+    for u in t.hangup:
+        mine = [a for a in r.attempts if a.user == u and a.turn == 0]
+        if not mine or mine[0].cause != "hangup" or not any(a.ok for a in mine[1:]):
+            bad.append(f"user {u} hung up, then " + ("its regenerate did not complete" if mine else "sent nothing"))
+    refused = [a for a in r.attempts if a.cause == "refused"]
+    said = []
+    if refused:
+        said.append(f"{len(refused)} oversize turns refused ({refused[0].status}: {refused[0].error[:80]!r})")
+    if t.hangup:
+        said.append(f"{len(t.hangup)} hang-ups regenerated")
+    return Check("bad-input-handled", "fail" if bad else "pass", "; ".join(bad or said))
+
+
 # ---- reports
 
-def to_json(t: Traffic, sides: dict[str, Side]) -> dict:
-    def side(s: Side) -> dict:
-        return {"outcome": s.outcome, "wall_s": round(s.run.wall, 2),
-                "goodput_tok_s": round(s.goodput, 1), "ttft_p50_s": s.ttft_p50, "ttft_p99_s": s.ttft_p99,
-                "latency_p50_s": s.latency_p50, "latency_p99_s": s.latency_p99,
-                "overflows": list(s.run.overflows), "pressure": s.run.pressure, "shapes": list(s.run.shapes), "lost": list(s.run.lost),
-                "serves_after": s.run.serves_after, "log": s.run.log,
-                "users": [{"user": u.user, "turns": u.turns, "planned": u.planned, "failed": u.failed,
-                           "sdk_retries": u.retries_sdk, "statuses": dict(u.statuses), "lost": u.lost} for u in s.users],
-                "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in s.checks],
-                "attempts": [{"user": a.user, "turn": a.turn, "try": a.attempt, "ok": a.ok, "status": a.status,
-                              "error": a.error, "tokens": len(a.text), "cached": a.cached, "requests": a.requests,
-                              "start_s": round(a.start, 3),
-                              "ttft_s": None if a.ttft is None else round(a.ttft, 3),
-                              "latency_s": round(a.end - a.start, 3)} for a in s.run.attempts]}
-    return {"traffic": t.name, "cite": t.cite, "users": t.users, "turns": t.turns, "ctx": t.ctx, "parallel": t.parallel,
-            "sides": {k: side(v) for k, v in sides.items()}}
+def _range(xs: list[float]) -> dict | None:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3)}
 
 
-def text(t: Traffic, sides: dict[str, Side]) -> str:
+def summary(runs: tuple[Side, ...], t: Traffic) -> dict:
+    """A side over its repeats: medians with ranges (the referee's traffic row)."""
+    return {"repeats": len(runs), "goodput_tok_s": _range([s.goodput for s in runs]),
+            "latency_p99_s": _range([s.latency_p99 for s in runs]), "ttft_p99_s": _range([s.ttft_p99 for s in runs]),
+            "turns_completed": sum(sum(u.turns for u in s.users) for s in runs), "turns_planned": len(runs) * t.users * t.turns,
+            "turns_exact": sum(1 for s in runs for c in s.checks if c.name == "turns-exact" and c.status == "pass"),
+            "failed_attempts": sum(sum(u.failed for u in s.users) for s in runs)}
+
+
+def _side_json(s: Side) -> dict:
+    return {"outcome": s.outcome, "wall_s": round(s.run.wall, 2),
+            "goodput_tok_s": round(s.goodput, 1), "ttft_p50_s": s.ttft_p50, "ttft_p99_s": s.ttft_p99,
+            "latency_p50_s": s.latency_p50, "latency_p99_s": s.latency_p99,
+            "overflows": list(s.run.overflows), "pressure": s.run.pressure, "shapes": list(s.run.shapes),
+            "lost": list(s.run.lost), "serves_after": s.run.serves_after, "log": s.run.log,
+            "users": [{"user": u.user, "turns": u.turns, "planned": u.planned, "failed": u.failed,
+                       "sdk_retries": u.retries_sdk, "statuses": dict(u.statuses), "lost": u.lost} for u in s.users],
+            "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in s.checks],
+            "attempts": [{"user": a.user, "turn": a.turn, "try": a.attempt, "ok": a.ok, "status": a.status,
+                          "error": a.error, "tokens": len(a.text), "cached": a.cached, "requests": a.requests,
+                          "start_s": round(a.start, 3), "ttft_s": None if a.ttft is None else round(a.ttft, 3),
+                          "latency_s": round(a.end - a.start, 3)} for a in s.run.attempts]}
+
+
+def to_json(res: "Result") -> dict:
+    t = res.traffic
+    return {"traffic": t.name, "cite": t.cite, "users": t.users, "turns": t.turns, "ctx": t.ctx,
+            "parallel": t.parallel, "outcome": res.outcome,
+            "sides": {k: [_side_json(s) for s in v] for k, v in res.sides().items()},
+            "summary": {k: summary(v, t) for k, v in res.sides().items()}}
+
+
+def _side_text(name: str, s: Side, t: Traffic) -> list[str]:
     def f(x):
         return "-" if x is None else f"{x:.2f}"
+    lost = sum(u.planned - u.turns for u in s.users)
+    lines = [f"  {name}: {sum(u.turns for u in s.users)}/{t.users * t.turns} turns completed, "
+             f"{sum(u.failed for u in s.users)} failed attempts, {lost} turns lost "
+             f"({len(s.run.lost)} users gave up); pool ran out in {s.run.pressure} loop turns, "
+             f"requests ended per overflow {list(s.run.overflows) or 'none'}; "
+             f"goodput {s.goodput:.1f} tok/s; ttft p50/p99 {f(s.ttft_p50)}/{f(s.ttft_p99)} s; "
+             f"latency p50/p99 {f(s.latency_p50)}/{f(s.latency_p99)} s"]
+    for u in s.users:
+        lines.append(f"    user {u.user}: {u.turns}/{u.planned} turns, statuses {dict(u.statuses)}, "
+                     f"{u.failed} regenerated, {u.retries_sdk} SDK retries" + (", GAVE UP" if u.lost else ""))
+    lines.append(f"    shapes reached: {', '.join(s.run.shapes) or 'none'}")
+    for c in s.checks:
+        lines.append(f"    {c.status.upper():12} {c.name}: {c.detail}")
+    return lines
+
+
+def text(res: "Result") -> str:
+    t = res.traffic
     lines = [f"traffic {t.name}: {t.users} users x {t.turns} turns on -c {t.ctx} -np {t.parallel} -kvu ({t.cite})"]
-    for name, s in sides.items():
-        lost = sum(u.planned - u.turns for u in s.users)
-        lines.append(f"  {name}: {sum(u.turns for u in s.users)}/{t.users * t.turns} turns completed, "
-                     f"{sum(u.failed for u in s.users)} failed attempts, {lost} turns lost "
-                     f"({len(s.run.lost)} users gave up); pool ran out in {s.run.pressure} loop turns, "
-                     f"requests ended per overflow {list(s.run.overflows) or 'none'}; "
-                     f"goodput {s.goodput:.1f} tok/s; ttft p50/p99 {f(s.ttft_p50)}/{f(s.ttft_p99)} s; "
-                     f"latency p50/p99 {f(s.latency_p50)}/{f(s.latency_p99)} s")
-        for u in s.users:
-            lines.append(f"    user {u.user}: {u.turns}/{u.planned} turns, statuses {dict(u.statuses)}, "
-                         f"{u.failed} regenerated, {u.retries_sdk} SDK retries" + (", GAVE UP" if u.lost else ""))
-        lines.append(f"    shapes reached: {', '.join(s.run.shapes) or 'none'}")
-        for c in s.checks:
-            lines.append(f"    {c.status.upper():12} {c.name}: {c.detail}")
-        if s.checks and name != "base":
-            lines.append(f"    -> {s.outcome}")
+    for name, runs in res.sides().items():
+        for k, s in enumerate(runs):
+            lines += _side_text(name if len(runs) == 1 else f"{name} #{k + 1}", s, t)
+        if len(runs) > 1:
+            m = summary(runs, t)
+            g, p = m["goodput_tok_s"], m["latency_p99_s"]
+            lines.append(f"  {name} over {len(runs)} repeats: goodput {g['median']} [{g['min']}-{g['max']}] tok/s, "
+                         f"latency p99 {p['median'] if p else '-'} [{p['min'] if p else '-'}-{p['max'] if p else '-'}] s, "
+                         f"{m['turns_exact']}/{len(runs)} runs with every turn exact")
+    lines.append(f"  -> {res.outcome} (the candidate's; the base is measured, not judged)")
     return "\n".join(lines)
 
 
@@ -545,26 +630,40 @@ def text(t: Traffic, sides: dict[str, Side]) -> str:
 @dataclass(frozen=True)
 class Result:
     traffic: Traffic
-    base: Side
-    candidate: Side
+    base: tuple[Side, ...]         # one per repeat; () not run (--candidate-only)
+    candidate: tuple[Side, ...]
+
+    def sides(self) -> dict[str, tuple[Side, ...]]:
+        return {k: v for k, v in (("base", self.base), ("candidate", self.candidate)) if v}
 
     @property
     def outcome(self) -> str:
-        return self.candidate.outcome
+        """FAIL: a check failed in any repeat. PASS: every check passed in at least one repeat
+        (a shape reached once is reached) and failed in none. Otherwise INCONCLUSIVE."""
+        checks = [c for s in self.candidate for c in s.checks]
+        if any(c.status == "fail" for c in checks):
+            return "FAIL"
+        names = {c.name for c in checks}
+        passed = {c.name for c in checks if c.status == "pass"}
+        return "PASS" if names == passed else "INCONCLUSIVE"
 
 
 def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_name: str | None = None,
-            promise: str = "one-victim", say=lambda s: None) -> Result:
-    """The traffic on the base and on the candidate, each turn against its solo control (served by
-    the base binary: the control is upstream's own answer, never the candidate's)."""
+            promise: str = "one-victim", with_base: bool = True, repeat: int = 1, say=lambda s: None) -> Result:
+    """The traffic on the base and on the candidate, `repeat` times each, every turn against its
+    solo control (served by the base binary: the control is upstream's own answer, never the
+    candidate's)."""
     from . import model as model_mod
 
     m = model_mod.resolve(model_name or t.model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {}
-    for side, binary in (("base", base_bin), ("candidate", cand_bin)):
-        say(f"{t.name}: {t.users} users x {t.turns} turns on the {side}")
-        runs[side] = run(binary, m.path, t, out_dir / f"{t.name}.{side}.log", side)
+    runs: dict[str, list[TrafficRun]] = {"base": [], "candidate": []}
+    for k in range(repeat):
+        for side, binary in (("base", base_bin), ("candidate", cand_bin))[0 if with_base else 1:]:
+            say(f"{t.name}: {t.users} users x {t.turns} turns on the {side}" + (f" ({k + 1}/{repeat})" if repeat > 1 else ""))
+            suffix = f".{k + 1}" if repeat > 1 else ""
+            runs[side].append(run(binary, m.path, t, out_dir / f"{t.name}.{side}{suffix}.log", side))
     say(f"{t.name}: every turn again, alone, on a quiet base server (the controls)")
-    ctl = controls(base_bin, m.path, t, runs.values(), out_dir / f"{t.name}.control.log")
-    return Result(t, judge(t, runs["base"], ctl), judge(t, runs["candidate"], ctl, promise))
+    ctl = controls(base_bin, m.path, t, [r for rs in runs.values() for r in rs], out_dir / f"{t.name}.control.log")
+    return Result(t, tuple(judge(t, r, ctl) for r in runs["base"]),
+                  tuple(judge(t, r, ctl, promise) for r in runs["candidate"]))

@@ -2,6 +2,8 @@
 and failing for its reason), the overflow grouping read from upstream's log."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from toolkit import model, traffic
@@ -150,3 +152,31 @@ def test_shapes_read_the_log_and_a_retry_served_from_cache():
     got = traffic.shapes(log, [_a(0, 0, 1, "p", "t", cached=12)])
     assert got == ("slot-by-similarity", "task-queued", traffic.RETRY_CACHED)
     assert traffic.shapes("", [_a(0, 0, 0, "p", "t", cached=12)]) == ()
+
+
+def test_rude_clients_are_planned_and_judged_for_their_own_promise():
+    t = traffic.load("rude-clients")
+    plan = traffic.plan(t)
+    assert len(plan[0][0].message) > t.ctx and plan[1][0].hangup == t.hangup_after and plan[2][0].hangup == 0
+    refused = traffic.Attempt(0, 0, 0, "big", 0, None, 0.1, "request (1090 tokens) exceeds the available context "
+                              "size (1024 tokens)", 400, "", 1, None, "refused")
+    hung = traffic.Attempt(1, 0, 0, "p1", 0, 0.1, 0.2, "the client closed the stream", 200, "abcdefgh", 1, None, "hangup")
+    again = _a(1, 0, 1, "p1", "abcdefghij")
+    ctl = {"p1": "abcdefghij"}
+    side = traffic.judge(t, _run([refused, hung, again]), ctl)
+    got = {c.name: c for c in side.checks}
+    assert got["bad-input-handled"].status == "pass" and "400" in got["bad-input-handled"].detail
+    assert got["turns-exact"].status == "pass", "a refusal has no control and needs none"
+    # a server that answered the impossible turn (or with a 5xx) fails, quoting what it said
+    served = replace(refused, error="", status=200, text="zz", cause="")
+    side = traffic.judge(t, _run([served, hung, again]), {**ctl, "big": "zz"})
+    bad = {c.name: c.detail for c in side.checks if c.status == "fail"}
+    assert "bad-input-handled" in bad and "want a 4xx" in bad["bad-input-handled"]
+    # a hang-up whose regenerate never completed fails too
+    side = traffic.judge(t, _run([refused, hung]), ctl)
+    assert "its regenerate did not complete" in {c.name: c.detail for c in side.checks}["bad-input-handled"]
+
+
+def test_first_turns_arrive_together_so_a_burst_beyond_the_slots_queues_by_construction():
+    for name in traffic.available():
+        assert all(u[0].think_s == 0.0 for u in traffic.plan(traffic.load(name))), name

@@ -16,8 +16,9 @@ def patchkit(*args, **kw):
 
 
 def sides(doc, name):
+    """(base, candidate): each side's first run."""
     w = next(w for w in doc["workloads"] if w["traffic"] == name)
-    return w["sides"]["base"], w["sides"]["candidate"]
+    return w["sides"].get("base", [None])[0], w["sides"]["candidate"][0]
 
 
 def failed(side):
@@ -53,8 +54,8 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
 
 
 def test_two_victims_per_overflow_fail_the_traffic_for_that_reason(c2_base, tmp_path):
-    res = patchkit("traffic", "--variant", "two-victims", "--workload", "lmstudio-1757", "--json",
-                   "--report-dir", str(tmp_path))
+    res = patchkit("traffic", "--variant", "two-victims", "--workload", "lmstudio-1757", "--candidate-only",
+                   "--json", "--report-dir", str(tmp_path))
     assert res.returncode == 1, res.stderr[-3000:] + res.stdout[-3000:]
     _, cand = sides(json.loads(res.stdout), "lmstudio-1757")
     bad = failed(cand)
@@ -68,12 +69,16 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
     res = patchkit("apply", "--repo", str(repo.working_dir), "--branch", "evict")
     assert res.returncode == 0, res.stderr[-2000:]
     res = patchkit("traffic", "--repo", str(repo.working_dir), "--base", source.BASELINE_TAG, "--candidate", "evict",
-                   "--workload", "lmstudio-1757", "--report-dir", str(tmp_path / "r"))
+                   "--workload", "lmstudio-1757", "--candidate-only", "--report-dir", str(tmp_path / "r"))
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     assert "one-victim-per-overflow: the pool ran out" in res.stdout and res.stdout.strip().endswith("PASS")
-    res = patchkit("traffic", "--patch", "park-slot", "--workload", "lmstudio-1757", "--json",
-                   "--report-dir", str(tmp_path / "p"))
+    res = patchkit("traffic", "--patch", "park-slot", "--workload", "lmstudio-1757", "--candidate-only", "--repeat", "2",
+                   "--json", "--report-dir", str(tmp_path / "p"))
     doc = json.loads(res.stdout)
+    w = doc["workloads"][0]
+    assert list(w["sides"]) == ["candidate"] and len(w["sides"]["candidate"]) == 2
+    row = w["summary"]["candidate"]
+    assert row["repeats"] == 2 and row["turns_exact"] == 2 and row["goodput_tok_s"]["min"] > 0, row
     assert doc["promise"] == "no-request-ended"
     _, cand = sides(doc, "lmstudio-1757")
     assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
