@@ -667,3 +667,36 @@ def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_
     ctl = controls(base_bin, m.path, t, [r for rs in runs.values() for r in rs], out_dir / f"{t.name}.control.log")
     return Result(t, tuple(judge(t, r, ctl) for r in runs["base"]),
                   tuple(judge(t, r, ctl, promise) for r in runs["candidate"]))
+
+
+# ---- the referee's traffic rows: strategies side by side on the same traffic
+
+def referee_rows(t: Traffic, by: dict[str, tuple[Side, ...]]) -> list[str]:
+    """A markdown table, one row per strategy: its outcome over the repeats, goodput and p99
+    latency (median [min-max]), runs with every turn exact, failed attempts. Then the claims the
+    runs allow (referee.claims: Mann-Whitney U = 0 with Holm's correction over all pairs), for
+    goodput and p99 latency, among the strategies whose every run passed: with too few runs, or
+    overlapping ones, nothing is ranked, and the table says so."""
+    from .referee import claims
+
+    def mmm(r):
+        return "-" if r is None else f"{r['median']} [{r['min']}-{r['max']}]"
+    lines = [f"traffic {t.name}: strategy | outcome | goodput tok/s | latency p99 s | runs all exact | failed attempts",
+             "|---|---|---|---|---|---|"]
+    passing = {}
+    for name, runs in by.items():
+        m = summary(runs, t)
+        outcome = Result(t, (), runs).outcome
+        lines.append(f"| {name} | {outcome} | {mmm(m['goodput_tok_s'])} | {mmm(m['latency_p99_s'])} | "
+                     f"{m['turns_exact']}/{m['repeats']} | {m['failed_attempts']} |")
+        if outcome == "PASS":
+            passing[name] = runs
+    said = []
+    for metric, value in (("goodput", lambda s: -s.goodput), ("latency p99", lambda s: s.latency_p99)):
+        by_metric = {k: [value(s) for s in v if value(s) is not None] for k, v in passing.items()}
+        for better, worse, p in claims({k: v for k, v in by_metric.items() if v}):
+            said.append(f"{metric}: {better} better than {worse} (p = {p:.3f}, Holm over {len(by_metric)} strategies)")
+    lines.append("claims: " + ("; ".join(said) if said else
+                               "none: no pair's runs separate (every run of one beyond every run of the other) "
+                               "after the correction; not ranked"))
+    return lines

@@ -180,3 +180,24 @@ def test_rude_clients_are_planned_and_judged_for_their_own_promise():
 def test_first_turns_arrive_together_so_a_burst_beyond_the_slots_queues_by_construction():
     for name in traffic.available():
         assert all(u[0].think_s == 0.0 for u in traffic.plan(traffic.load(name))), name
+
+
+def _side(goodput, p99, outcome_ok=True):
+    checks = (traffic.Check("turns-exact", "pass" if outcome_ok else "fail", ""),)
+    return traffic.Side(_run([]), (), 0.1, 0.2, 0.3, p99, goodput, checks)
+
+
+def test_the_referee_rows_rank_only_what_the_runs_separate():
+    t = _t()
+    five = {"terminate": tuple(_side(g, p) for g, p in zip((300, 310, 320, 330, 340), (.4, .6, .5, .55, .45))),
+            "park": tuple(_side(g, p) for g, p in zip((500, 510, 520, 530, 540), (.5, .52, .48, .58, .44)))}
+    lines = traffic.referee_rows(t, five)
+    assert lines[2].startswith("| terminate | PASS | 320 [300-340]")
+    assert "goodput: park better than terminate (p = 0.008" in lines[-1]
+    assert "latency p99" not in lines[-1], "overlapping p99s: no claim"
+    three = {k: v[:3] for k, v in five.items()}
+    assert traffic.referee_rows(t, three)[-1].startswith("claims: none"), "3 + 3 runs: p >= 0.1, never a claim"
+    # a strategy that failed a check is named with its outcome and never raced
+    bad = {**five, "broken": tuple(_side(900, 0.1, outcome_ok=False) for _ in range(5))}
+    rows = traffic.referee_rows(t, bad)
+    assert any(r.startswith("| broken | FAIL") for r in rows) and "broken" not in rows[-1]

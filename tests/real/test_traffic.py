@@ -51,6 +51,12 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
         # an eviction reaches the client inside a 200 stream: the SDK's own retry never sees it
         assert all(a["status"] == 200 for a in cand["attempts"]), name
     assert "task-queued" in sides(doc, "lemonade-3276")[1]["shapes"]
+    # bad input: a turn longer than the pool refused at once with a 4xx that says so, a hang-up
+    # costing only its own turn; nobody else's conversation lost
+    _, rude = sides(doc, "rude-clients")
+    got = {c["name"]: c for c in rude["checks"]}
+    assert got["bad-input-handled"]["status"] == "pass" and "400" in got["bad-input-handled"]["detail"], got
+    assert got["conversations-complete"]["status"] == "pass" and not rude["lost"]
 
 
 def test_two_victims_per_overflow_fail_the_traffic_for_that_reason(c2_base, tmp_path):
