@@ -78,7 +78,10 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
                    "--workload", "lmstudio-1757", "--candidate-only", "--report-dir", str(tmp_path / "r"))
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     assert "one-victim-per-overflow: the pool ran out" in res.stdout and res.stdout.strip().endswith("PASS")
-    res = patchkit("traffic", "--patch", "park-slot", "--workload", "lmstudio-1757", "--candidate-only", "--repeat", "2",
+    # rude-clients: two slots, generation-heavy turns, so the pool runs out while a slot generates
+    # (a preemption family parks only generating slots: when every slot in play is mid-prompt it
+    # fails them all as upstream does, which lmstudio-1757 reached in 1 run of 5, docs/measured.md)
+    res = patchkit("traffic", "--patch", "park-slot", "--workload", "rude-clients", "--candidate-only", "--repeat", "2",
                    "--json", "--report-dir", str(tmp_path / "p"))
     doc = json.loads(res.stdout)
     w = doc["workloads"][0]
@@ -86,9 +89,13 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
     row = w["summary"]["candidate"]
     assert row["repeats"] == 2 and row["turns_exact"] == 2 and row["goodput_tok_s"]["min"] > 0, row
     assert doc["promise"] == "no-request-ended"
-    _, cand = sides(doc, "lmstudio-1757")
+    _, cand = sides(doc, "rude-clients")
     assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
-    assert all(u["failed"] == 0 for u in cand["users"]) and all(u["turns"] == u["planned"] for u in cand["users"])
+    # nobody's turn ended by the server: the only unfinished attempts are the client's own (a hang-up,
+    # the refused turn longer than the pool)
+    causes = {(a["user"], a["turn"]) for a in cand["attempts"] if not a["ok"]}
+    assert causes <= {(0, 0), (1, 0)}, cand["attempts"]
+    assert cand["pressure"] > 0 and not cand["overflows"]
 
 
 def test_refusals_name_the_conflict_and_build_nothing(tmp_path):
