@@ -153,7 +153,7 @@ def commit_text(repo: git.Repo, parent: str, rel: str, data: bytes, message: str
             blob_file.write_bytes(data)
             blob = g.hash_object("-w", str(blob_file))
             mode = g.ls_files("-s", "--", rel).split(" ")[0] or "100644"
-            g.update_index("--cacheinfo", f"{mode},{blob},{rel}")
+            g.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}")   # --add: `rel` may be new
             return g.commit_tree(g.write_tree(), "-p", parent, "-m", message)
 
 

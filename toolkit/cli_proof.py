@@ -269,7 +269,11 @@ def export_cmd(repo, base_ref, candidate_ref, out_dir, patch_name, mutants_json,
                             mutants_json=mutants_json, sanitize=sanitize, repeat=repeat, say=ui.say,
                             progress=ui.progress, patch_name=patch_name)
     if as_json:
-        emit_json({"ok": res.ok, "patches": [str(p) for p in res.patches], "description": str(res.description)})
+        own = res.own_test
+        emit_json({"ok": res.ok, "patches": [str(p) for p in res.patches], "description": str(res.description),
+                   "tip": res.tip, "own_test": None if own is None else {
+                       "path": own.path, "ok": own.ok, "base": own.base, "base_message": own.base_message,
+                       "candidate": own.candidate, "candidate_message": own.candidate_message}})
     else:
         for p in res.patches:
             click.echo(str(p))

@@ -37,6 +37,64 @@ class Exported:
     patches: tuple[Path, ...]
     description: Path
     ok: bool                     # every figure the description states passed
+    tip: str = ""                # the exported series' last commit (the candidate plus its own test)
+    own_test: "OwnTest | None" = None
+
+
+# The series' own server test, in upstream's style (its ServerPreset and utils helpers), added as
+# the series' last commit: maintainers ask for a test under tools/server/tests/unit with any
+# server change (issue 36). `patchkit upstream-tests --tests unit/test_kv_full.py` runs it on both sides.
+OWN_TEST = "tools/server/tests/unit/test_kv_full.py"
+OWN_TEST_SUBJECT = "server : test that a full unified KV cache {what}"
+
+
+@dataclass(frozen=True)
+class OwnTest:
+    path: str
+    base: str        # passed | failed | error | skipped | not run
+    base_message: str
+    candidate: str
+    candidate_message: str
+
+    @property
+    def ok(self) -> bool:
+        """It shows the change: it fails on the base and passes on the series."""
+        return self.base in ("failed", "error") and self.candidate == "passed"
+
+
+def own_test_text(repo: git.Repo, commit: str, promise: str) -> str:
+    tree = repo.commit(commit).tree
+    return render_own_test(promise, (tree / "tools/server/tests/utils.py").data_stream.read().decode(errors="replace"),
+                           (tree / "common/arg.cpp").data_stream.read().decode(errors="replace"))
+
+
+def render_own_test(promise: str, utils_py: str, arg_cpp: str) -> str:
+    """The test rendered for a tree: its ServerProcess knows `kv_unified` (C2, D), or the test sets
+    the environment variable the tree's --kv-unified reads (older trees: LLAMA_ARG_KV_SPLIT)."""
+    import re
+    m = re.search(r'"--kv-unified"[^;]*?set_env\("(\w+)"\)', arg_cpp, re.S)
+    return TEMPLATES.get_template("upstream_test_kv_full.py.j2").render(
+        promise=promise, kvu_field=bool(re.search(r"^\s+kv_unified:", utils_py, re.M)),
+        kvu_env=m.group(1) if m else "LLAMA_ARG_KV_UNIFIED")
+
+
+def add_own_test(repo: git.Repo, candidate: str, promise: str) -> str:
+    what = "ends only the largest request" if promise == "one-victim" else "completes every request"
+    msg = (OWN_TEST_SUBJECT.format(what=what) + "\n\n"
+           "Four requests that each fit, and any three of which fit together, outgrow a unified KV cache\n"
+           f"of four slots together. The test asserts that the server {what}, and serves on.\n")
+    return apply_mod.commit_text(repo, candidate, OWN_TEST, own_test_text(repo, candidate, promise).encode(), msg)
+
+
+def run_own_test(repo: git.Repo, base: str, tip: str, out_dir: Path, say, progress) -> OwnTest:
+    from . import upstream as upstream_mod
+    res = upstream_mod.run(repo, base, tip, tests=(OWN_TEST.removeprefix("tools/server/tests/"),),
+                           out_dir=out_dir, say=say, progress=progress)
+    got = {}
+    for r in res.runs:
+        o = r.outcomes[0] if r.outcomes else None
+        got[r.side] = (o.outcome, o.message) if o else ("not run", f"pytest exit {r.rc}, no junit record")
+    return OwnTest(OWN_TEST, *got.get("base", ("not run", "")), *got.get("candidate", ("not run", "")))
 
 
 def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg: str, mutants_json: Path | None,
@@ -61,9 +119,14 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.patch"):
         old.unlink()
+    # the series' own upstream-style test, its last commit (unless the series already has it)
+    promise = "preemption" if spec.expect == "preemption" else "one-victim"
+    has_test = any(OWN_TEST in c.stats.files for c in commits)
+    tip = candidate if has_test else add_own_test(repo, candidate, promise)
+    commits = list(repo.iter_commits(f"{base}..{tip}", first_parent=True))
     # the trailers are patchkit's bookkeeping, not the maintainer's: format-patch keeps the
     # messages as committed, so strip them from the files
-    names = repo.git.format_patch(f"{base}..{candidate}", "-o", str(out_dir), "--no-signature").splitlines()
+    names = repo.git.format_patch(f"{base}..{tip}", "-o", str(out_dir), "--no-signature").splitlines()
     patches = tuple(Path(n) for n in names)
     for p in patches:
         p.write_text("\n".join(l for l in p.read_text().splitlines() if not l.startswith("Patchkit-")) + "\n")
@@ -99,7 +162,9 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
                                    patch_expect=spec.expect, family=spec.name,
                                    opts=build_mod.Options(sanitize=("address", "undefined"), sanitize_only=san_scope),
                                    candidate_label="the series", say=say, progress=progress)
-    subject = commits[-1].summary
+    say(f"measuring: the series' own test ({OWN_TEST}), base vs the series")
+    own = run_own_test(repo, base, tip, out_dir / "logs" / "own-test", say, progress)
+    subject = commits[-1].summary      # the series' first commit (the test is its last)
     ctx = {
         "subject": subject, "base": base, "candidate": candidate, "commits": list(reversed(commits)), "stat": stat,
         "layout": layout, "suite": suite, "families": families, "prop": prop, "san": san, "mutants": mutants,
@@ -114,8 +179,10 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
                             "--workload", "overflow-4", "--workload", "victim-first"),
         "san_scope": san_scope,
         "cmd_mutants": cmd("mutants", "--repo", repo_arg, "--base", base[:12]),
+        "own": own, "cmd_own": cmd("upstream-tests", "--repo", repo_arg, "--base", base[:12], "--candidate", tip[:12],
+                                   "--tests", OWN_TEST.removeprefix("tools/server/tests/")),
     }
     desc = out_dir / "PR.md"
     desc.write_text(TEMPLATES.get_template("pr.md.j2").render(**ctx))
-    ok = suite.ok and families.ok and (prop is None or prop.ok) and (san is None or san.ok)
-    return Exported(out_dir, patches, desc, ok)
+    ok = suite.ok and families.ok and (prop is None or prop.ok) and (san is None or san.ok) and own.ok
+    return Exported(out_dir, patches, desc, ok, tip, own)

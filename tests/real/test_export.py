@@ -43,9 +43,16 @@ def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, v
     out = patchkit("export", "--repo", str(tree.path), "--base", base, "--candidate", cand, "--out",
                    str(tmp_path / "pr"), "--repeat", "1", "--mutants", str(mine), "--json")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    res = json.loads(out.stdout)
-    res = SimpleNamespace(ok=res["ok"], patches=[Path(p) for p in res["patches"]], description=Path(res["description"]))
-    assert res.ok and len(res.patches) == 1
+    doc = json.loads(out.stdout)
+    res = SimpleNamespace(ok=doc["ok"], patches=[Path(p) for p in doc["patches"]], description=Path(doc["description"]))
+    assert res.ok and len(res.patches) == 2, "the change, then its own upstream-style test"
+    # the series' own test (issue 36): it fails on the base, for the reason it exists, and passes
+    own = doc["own_test"]
+    assert own["path"] == "tools/server/tests/unit/test_kv_full.py" and own["ok"], own
+    assert own["base"] == "failed" and "assert [0, 1, 2, 3] == [3]" in own["base_message"], own
+    assert own["candidate"] == "passed", own
+    test_patch = res.patches[1].read_text()
+    assert "+from utils import *" in test_patch and "+server = ServerPreset.tinyllama2()" in test_patch
     body = res.patches[0].read_text()
     assert body.startswith("From ") and "Subject: [PATCH] server: on KV-cache exhaustion terminate one slot" in body
     assert "Patchkit-" not in body, "patchkit's bookkeeping trailers are not the maintainer's"
@@ -57,13 +64,15 @@ def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, v
     assert "Not measured in this run (pass `--sanitize`" in pr
     for name in verify.SUITE:
         assert re.search(rf"^{re.escape(name)}: ok", pr, re.M), name
-    assert pr.count("Reproduce: `patchkit ") == 4  # suite, families, property harness, mutation score
+    assert pr.count("Reproduce: `patchkit ") == 5  # suite, families, own test, property harness, mutation score
+    assert "### The series' own test: PASS" in pr and "on the base failed" in pr
     assert f", layout {an.facts.layout}," in pr
 
     fresh = clone(tree, tmp_path / "fresh")
-    subprocess.run(["git", "-C", str(tmp_path / "fresh"), "am", "-q", str(res.patches[0])], check=True)
+    subprocess.run(["git", "-C", str(tmp_path / "fresh"), "am", "-q", *map(str, res.patches)], check=True)
     applied = fresh.head.commit
-    assert applied.tree.hexsha == repo.commit(cand).tree.hexsha, "the export is the series, byte for byte"
+    assert applied.tree.hexsha == repo.commit(doc["tip"]).tree.hexsha, "the export is the series, byte for byte"
+    assert applied.parents[0].tree.hexsha == repo.commit(cand).tree.hexsha
     assert patch.state((tmp_path / "fresh" / an.file).read_text(), patch.load_patch()) == "applied"
     r = verify.verify(fresh, base_ref=base, candidate_ref="HEAD",
                       workloads=[workload.load(w) for w in ("victim-first", "two-overflows")],
