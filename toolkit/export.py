@@ -72,7 +72,7 @@ def render_own_test(promise: str, utils_py: str, arg_cpp: str) -> str:
     """The test rendered for a tree: its ServerProcess knows `kv_unified` (C2, D), or the test sets
     the environment variable the tree's --kv-unified reads (older trees: LLAMA_ARG_KV_SPLIT)."""
     import re
-    m = re.search(r'"--kv-unified"[^;]*?set_env\("(\w+)"\)', arg_cpp, re.S)
+    m = re.search(r'"--kv-unified".{0,800}?\.set_env\("(\w+)"\)', arg_cpp, re.S)
     return TEMPLATES.get_template("upstream_test_kv_full.py.j2").render(
         promise=promise, kvu_field=bool(re.search(r"^\s+kv_unified:", utils_py, re.M)),
         kvu_env=m.group(1) if m else "LLAMA_ARG_KV_UNIFIED")
