@@ -54,7 +54,7 @@ def test_export_then_git_am_on_a_fresh_tree_builds_and_passes(trees, tmp_path, v
     test_patch = res.patches[1].read_text()
     assert "+from utils import *" in test_patch and "+server = ServerPreset.tinyllama2()" in test_patch
     body = res.patches[0].read_text()
-    assert body.startswith("From ") and "Subject: [PATCH] server: on KV-cache exhaustion terminate one slot" in body
+    assert body.startswith("From ") and "Subject: [PATCH 1/2] server: on KV-cache exhaustion terminate one slot" in body
     assert "Patchkit-" not in body, "patchkit's bookkeeping trailers are not the maintainer's"
     pr = res.description.read_text()
     # every figure is one measured in this run, with the command that reproduces it
