@@ -57,7 +57,8 @@ def test_a_family_added_as_a_folder_goes_through_every_command(c2, c2_base, tmp_
     assert "shapes reached 4/5" in v["summary"] or "shapes reached 5/5" in v["summary"], v["summary"]
 
     e = patchkit("export", "--repo", T, "--patch", "park-copy", "--out", str(tmp_path / "pr"), "--json")
-    assert e["ok"] and len(e["patches"]) == 1, e
+    assert e["ok"] and len(e["patches"]) == 2, e   # the change, then its own test
+    assert e["own_test"]["base"] == "failed" and e["own_test"]["candidate"] == "passed", e["own_test"]
     pr = Path(e["description"]).read_text()
     assert "server: on KV-cache exhaustion park one slot instead of failing all" in pr
 
