@@ -35,7 +35,6 @@ import json
 import statistics
 import threading
 import time
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -43,6 +42,7 @@ import numpy as np
 
 from . import record, serverlog
 from .errors import UsageError
+from .workload import read_toml
 from .server import Server
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "traffic"
@@ -116,15 +116,7 @@ def available() -> list[str]:
 
 
 def load(name_or_path: str) -> Traffic:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = FIXTURES / f"{name_or_path}.toml"
-    if not p.is_file():
-        raise UsageError(f"no traffic workload {name_or_path!r}: give a .toml path or one of {', '.join(available())}.")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"{p}: not valid TOML ({e}).") from None
+    p, data = read_toml(name_or_path, FIXTURES, "traffic workload")
     try:
         t = Traffic(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}, path=p)
     except TypeError as e:

@@ -137,16 +137,26 @@ def available() -> list[str]:
     return sorted(p.stem for p in WORKLOAD_DIR.glob("*.toml"))
 
 
-def load(name_or_path: str) -> Workload:
+def read_toml(name_or_path: str, folder: Path, what: str = "workload") -> tuple[Path, dict]:
+    """A fixture by name (under `folder`) or any .toml path, read: (path, data). A missing one is
+    refused with the names that exist, an unreadable one with the parser's words."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = WORKLOAD_DIR / f"{name_or_path}.toml"
+        path = folder / f"{name_or_path}.toml"
     if not path.exists():
-        raise UsageError(f"no workload '{name_or_path}'. Known: {', '.join(available())}; or pass a .toml path.")
+        known = sorted(p.stem for p in folder.glob("*.toml"))
+        raise UsageError(f"no {what} '{name_or_path}'. Known: {', '.join(known)}; or pass a .toml path.")
     try:
-        data = tomllib.loads(path.read_text())
+        return path, tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"invalid {what} file {path}: {type(e).__name__}: {e}.")
+
+
+def load(name_or_path: str) -> Workload:
+    path, data = read_toml(name_or_path, WORKLOAD_DIR)
+    try:
         return parse(data, path)
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"invalid workload file {path}: {type(e).__name__}: {e}.")
 
 

@@ -56,7 +56,7 @@ def test_bad_files_are_refused_with_the_reason(tmp_path):
     with pytest.raises(UsageError, match="bogus"):
         traffic.load(str(p))
     p.write_text("name = [")
-    with pytest.raises(UsageError, match="not valid TOML"):
+    with pytest.raises(UsageError, match="invalid traffic workload file"):
         traffic.load(str(p))
 
 

@@ -104,5 +104,5 @@ def test_refusals_name_the_conflict_and_build_nothing(tmp_path):
     res = patchkit("traffic", "--patch-file", str(tmp_path / "x.patch"), "--candidate", "main")
     assert res.returncode == 2 and "at most one of" in res.stderr, res.stderr
     res = patchkit("traffic", "--workload", "nope")
-    assert res.returncode == 2 and "no traffic workload 'nope'" in res.stderr, res.stderr
+    assert res.returncode == 2 and "no traffic workload 'nope'. Known: lemonade-3276" in res.stderr, res.stderr
     assert not (tmp_path / "traffic.json").exists()
