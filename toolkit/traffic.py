@@ -275,8 +275,10 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
 
 
 def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, timeout: float = 60.0,
-        env: dict[str, str] | None = None) -> TrafficRun:
-    """One server, every user's whole session, one request after, the server stopped."""
+        deadline_s: float = 600.0, env: dict[str, str] | None = None) -> TrafficRun:
+    """One server, every user's whole session, one request after, the server stopped. A server
+    that stops answering (a wrong patch that hangs) is cut after `deadline_s`: users still in
+    their sessions then count as having lost their conversation."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
     sessions = plan(t)
@@ -293,10 +295,16 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
         for th in threads:
             th.start()
         for th in threads:
-            th.join()
+            th.join(max(0.0, t0 + deadline_s - time.monotonic()))
         wall = time.monotonic() - t0
         after = "completed"
-        if not srv.alive():
+        stuck = [k for k, th in enumerate(threads) if th.is_alive()]
+        with lock:                      # the stuck users' threads go on until the server stops
+            lost.extend(stuck)
+            attempts, conversations = list(attempts), list(conversations)
+        if stuck:
+            after = f"the traffic did not finish within {deadline_s:.0f} s (users {stuck} still waiting)"
+        elif not srv.alive():
             after, exit_code = "the server died", srv.returncode()
         else:
             counter = [0]
