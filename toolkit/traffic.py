@@ -245,10 +245,19 @@ def _client(url: str, counter: list[int], timeout: float):
 
 
 def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: float, out: list[Attempt],
-          conversations: list, lost: list[int], lock: threading.Lock) -> None:
+          conversations: list, lost: list[int], lock: threading.Lock, ready: threading.Barrier) -> None:
     counter = [0]
     client = _client(url, counter, timeout)
     messages: list[dict] = []
+    # every client built and connected before anyone sends: the first call of a client costs tens
+    # of ms (its SSL context, the SDK's lazy set-up, the TCP connection), and first turns sent one by
+    # one as their clients come up were not the burst the plan says (measured: 66 ms apart, longer
+    # than a whole first turn of the witness, so nothing queued)
+    try:
+        client.models.list()
+    except Exception:                     # noqa: BLE001 - the turn itself reports a dead server
+        pass
+    ready.wait()
     try:
         for turn in turns:
             time.sleep(turn.think_s)
@@ -290,8 +299,9 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
     exit_code = None
     with srv as ep:
         t0 = time.monotonic()
-        threads = [threading.Thread(target=_user, args=(ep.url, t, s, t0, timeout, attempts, conversations, lost, lock),
-                                    daemon=True) for s in sessions]
+        ready = threading.Barrier(len(sessions))
+        threads = [threading.Thread(target=_user, args=(ep.url, t, s, t0, timeout, attempts, conversations, lost, lock,
+                                                        ready), daemon=True) for s in sessions]
         for th in threads:
             th.start()
         for th in threads:

@@ -57,6 +57,9 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
     got = {c["name"]: c for c in rude["checks"]}
     assert got["bad-input-handled"]["status"] == "pass" and "400" in got["bad-input-handled"]["detail"], got
     assert got["conversations-complete"]["status"] == "pass" and not rude["lost"]
+    # the hung-up turn's regenerate is served from cache: its conversation stayed in its slot or
+    # was saved to the prompt cache when another user took the slot (cache_idle_slots)
+    assert "retry-served-from-cache" in rude["shapes"], rude["shapes"]
 
 
 def test_two_victims_per_overflow_fail_the_traffic_for_that_reason(c2_base, tmp_path):
