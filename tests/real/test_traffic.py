@@ -38,7 +38,8 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
         base, cand = sides(doc, name)
         # the bug, as the users reported it: one overflow ends several users' turns at once
         assert any(n > 1 for n in base["overflows"]), (name, base["overflows"])
-        assert sum(u["failed"] for u in base["users"]) > sum(u["failed"] for u in cand["users"]), name
+        # (how many turns the base's users lose varies with timing: with backoff they often recover,
+        # docs/measured.md; the count of failed attempts is no invariant, who ends per overflow is)
         # the candidate: one request per overflow, and only those retried; every turn exact
         assert cand["outcome"] == "PASS", (name, cand["checks"])
         assert cand["overflows"] and set(cand["overflows"]) == {1}, (name, cand["overflows"])
