@@ -51,16 +51,15 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
             assert shape in cand["shapes"], (name, shape, cand["shapes"])
         # an eviction reaches the client inside a 200 stream: the SDK's own retry never sees it
         assert all(a["status"] == 200 for a in cand["attempts"]), name
-    assert "task-queued" in sides(doc, "lemonade-3276")[1]["shapes"]
     # bad input: a turn longer than the pool refused at once with a 4xx that says so, a hang-up
     # costing only its own turn; nobody else's conversation lost
     _, rude = sides(doc, "rude-clients")
     got = {c["name"]: c for c in rude["checks"]}
     assert got["bad-input-handled"]["status"] == "pass" and "400" in got["bad-input-handled"]["detail"], got
     assert got["conversations-complete"]["status"] == "pass" and not rude["lost"]
-    # the hung-up turn's regenerate is served from cache: its conversation stayed in its slot or
-    # was saved to the prompt cache when another user took the slot (cache_idle_slots)
-    assert "retry-served-from-cache" in rude["shapes"], rude["shapes"]
+    # eight users on two slots: six wait in the queue from the first burst on, whatever the timing
+    # (lemonade-3276's six on four reach it in most runs, not all: docs/measured.md)
+    assert "task-queued" in rude["shapes"], rude["shapes"]
 
 
 def test_two_victims_per_overflow_fail_the_traffic_for_that_reason(c2_base, tmp_path):
