@@ -97,6 +97,10 @@ class Traffic:
     oversize: tuple[int, ...] = ()
     hangup: tuple[int, ...] = ()
     hangup_after: int = 8
+    # turns (0-based) every user sends at the same moment, the server stopped while they do, as
+    # the lab runner starts requests together: users resending their conversations at once
+    together: tuple[int, ...] = ()
+    turn_chars: tuple = ()         # per turn, a message length range overriding user_chars ([[lo, hi], ...])
     model: str = "witness"
     path: Path | None = None
 
@@ -137,7 +141,8 @@ def plan(t: Traffic) -> tuple[tuple[Turn, ...], ...]:
         f = t.heavy_factor if u in t.heavy else 1.0
         turns = []
         for k in range(t.turns):
-            n = int(rng.integers(t.user_chars[0], t.user_chars[1] + 1) * f)
+            lo, hi = t.turn_chars[k] if k < len(t.turn_chars) else t.user_chars
+            n = int(rng.integers(lo, hi + 1) * f)
             words, left = [], n
             while left > 0:
                 w = min(left, int(rng.integers(2, 9)))
@@ -174,6 +179,7 @@ class Attempt:
     requests: int                # HTTP requests the client made (1 + the SDK's own retries)
     cached: int | None           # the server's prompt_tokens_details.cached_tokens (None: not sent)
     cause: str = ""              # why it ended early when the client caused it: "hangup" | "refused" (a 4xx)
+    #                              | "client" (the client library failed: no evidence about the server)
 
     @property
     def ok(self) -> bool:
@@ -223,8 +229,8 @@ def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, coun
         cause = "refused" if 400 <= e.status_code < 500 else ""
     except openai.APIError as e:          # an error event inside the stream, a dropped connection
         error = _message(e) or type(e).__name__
-    except Exception as e:                # noqa: BLE001 - any client failure is this turn's outcome
-        error = f"{type(e).__name__}: {e}"
+    except Exception as e:                # noqa: BLE001 - the client's own failure, not the server's
+        error, cause = f"{type(e).__name__}: {e}", "client"
     return Attempt(turn.user, turn.index, attempt, key(messages), start, ttft, time.monotonic() - t0, error, status,
                    "".join(text), counter[0] - before, cached, cause)
 
@@ -236,21 +242,56 @@ def _message(e) -> str:
     return str(e)[:300]
 
 
-def _client(url: str, counter: list[int], timeout: float):
+def _client(url: str, counter: list[int], timeout: float, on_request=lambda: None):
     import httpx
     import openai
 
     def count(_request) -> None:
         counter[0] += 1
+        on_request()
     http = httpx.Client(trust_env=False, timeout=httpx.Timeout(timeout, connect=5.0),
                         event_hooks={"request": [count]})
     return openai.OpenAI(base_url=f"{url}/v1", api_key="patchkit", http_client=http)
 
 
+class _Together:
+    """Every user's request of one turn sent while the server is stopped (SIGSTOP), then the server
+    resumed: its loop takes them in one turn, as requests that arrive in the same instant. The
+    server resumes once every user's request went out (the client's request hook, plus 100 ms for
+    the bytes), or after 5 s whatever happened."""
+
+    def __init__(self, srv: Server, users: int):
+        self.srv, self.users, self.n, self.lock = srv, users, 0, threading.Lock()
+        self.all_sent = threading.Event()
+        self.barrier = threading.Barrier(users, action=self._stop)
+
+    def _stop(self) -> None:
+        pause = self.srv.paused()
+        pause.__enter__()
+
+        def resume() -> None:
+            self.all_sent.wait(5.0)
+            time.sleep(0.1)
+            pause.__exit__(None, None, None)
+        threading.Thread(target=resume, daemon=True).start()
+
+    def wait(self) -> None:
+        self.barrier.wait()
+
+    def sent(self) -> None:
+        with self.lock:
+            self.n += 1
+            if self.n >= self.users:
+                self.all_sent.set()
+
+
 def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: float, out: list[Attempt],
-          conversations: list, lost: list[int], lock: threading.Lock, ready: threading.Barrier) -> None:
+          conversations: list, lost: list[int], lock: threading.Lock, ready: threading.Barrier,
+          gates: dict[int, "_Together"]) -> None:
     counter = [0]
-    client = _client(url, counter, timeout)
+    turn_now: list[int | None] = [None]      # the turn being sent: a together-turn's request counts as sent
+    client = _client(url, counter, timeout,
+                     on_request=lambda: gates[turn_now[0]].sent() if turn_now[0] in gates else None)
     messages: list[dict] = []
     # every client built and connected before anyone sends: the first call of a client costs tens
     # of ms (its SSL context, the SDK's lazy set-up, the TCP connection), and first turns sent one by
@@ -262,9 +303,12 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
         pass
     ready.wait()
     try:
-        for turn in turns:
+        for k, turn in enumerate(turns):
             time.sleep(turn.think_s)
             messages.append({"role": "user", "content": turn.message})
+            if k in gates:
+                gates[k].wait()
+            turn_now[0] = k
             for k in range(t.retries + 1):
                 a = _ask(client, list(messages), turn, k, t0, counter)
                 with lock:
@@ -286,6 +330,17 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
         client.close()
 
 
+def _warm_sdk() -> None:
+    """Build the SDK's response models once, in one thread: pydantic builds them lazily, and users'
+    threads doing it at the same moment failed one with PydanticUserError (measured: a turn lost to
+    the client library, not to the server)."""
+    from openai.types.chat import ChatCompletionChunk
+    ChatCompletionChunk.model_validate({"id": "w", "choices": [{"index": 0, "delta": {"content": "a"}}], "created": 0,
+                                        "model": "m", "object": "chat.completion.chunk",
+                                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
+                                                  "prompt_tokens_details": {"cached_tokens": 0}}})
+
+
 def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, timeout: float = 60.0,
         deadline_s: float = 600.0, env: dict[str, str] | None = None) -> TrafficRun:
     """One server, every user's whole session, one request after, the server stopped. A server
@@ -300,11 +355,13 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
     lock = threading.Lock()
     srv = Server(binary, model, t.argv() + ["--verbose"], log_path, env=env)
     exit_code = None
+    _warm_sdk()
     with srv as ep:
         t0 = time.monotonic()
         ready = threading.Barrier(len(sessions))
+        gates = {k: _Together(srv, t.users) for k in t.together}
         threads = [threading.Thread(target=_user, args=(ep.url, t, s, t0, timeout, attempts, conversations, lost, lock,
-                                                        ready), daemon=True) for s in sessions]
+                                                        ready, gates), daemon=True) for s in sessions]
         for th in threads:
             th.start()
         for th in threads:
@@ -509,6 +566,11 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
            f"(differs at {_diverge(a.text, ctl[a.prompt])})"
            for a in r.attempts if not a.ok and a.prompt in ctl and not ctl[a.prompt].startswith(a.text)]
     ended = [a for a in r.attempts if not a.ok and not a.cause]     # ended by the server, not the client
+    client = [a for a in r.attempts if a.cause == "client"]
+    if client:
+        checks.append(Check("client-sound", "inconclusive",
+                            f"{len(client)} attempts failed in the client library, no evidence about the server: "
+                            f"first user {client[0].user} turn {client[0].turn}: {client[0].error[:120]!r}"))
     checks.append(Check("partials-prefix", "fail" if pre else "pass",
                         "; ".join(pre[:3]) if pre else
                         f"{sum(1 for a in r.attempts if not a.ok and a.cause != 'refused')} ended turns streamed a "

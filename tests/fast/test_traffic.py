@@ -201,3 +201,14 @@ def test_the_referee_rows_rank_only_what_the_runs_separate():
     bad = {**five, "broken": tuple(_side(900, 0.1, outcome_ok=False) for _ in range(5))}
     rows = traffic.referee_rows(t, bad)
     assert any(r.startswith("| broken | FAIL") for r in rows) and "broken" not in rows[-1]
+
+
+def test_a_client_library_failure_is_no_evidence_against_the_server():
+    ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 1, "p1", "q")]
+    broken = traffic.Attempt(1, 0, 0, "p1", 0, None, 0.1, "PydanticUserError: not fully defined", 200, "", 1, None,
+                             "client")
+    side = traffic.judge(_t(), _run(ok + [broken], overflows=(), pressure=2), {"p0": "abcd", "p1": "q"}, "preemption")
+    got = {c.name: c for c in side.checks}
+    assert got["no-request-ended"].status == "pass", "the client's failure is not a request the server ended"
+    assert got["client-sound"].status == "inconclusive" and "PydanticUserError" in got["client-sound"].detail
+    assert side.outcome == "INCONCLUSIVE"

@@ -99,6 +99,14 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
     causes = {(a["user"], a["turn"]) for a in cand["attempts"] if not a["ok"]}
     assert causes <= {(0, 0), (1, 0)}, cand["attempts"]
     assert cand["pressure"] > 0 and not cand["overflows"]
+    # resend-together: three users resend their conversations at the same moment; when every slot
+    # in play is still in its prompt, park-slot parks one holding nothing (it processes its prompt
+    # again on resume) where it used to fail all three; in the other runs a generating slot is parked
+    res = patchkit("traffic", "--patch", "park-slot", "--workload", "resend-together", "--candidate-only", "--json",
+                   "--report-dir", str(tmp_path / "t"))
+    _, cand = sides(json.loads(res.stdout), "resend-together")
+    assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
+    assert all(a["ok"] for a in cand["attempts"]) and cand["pressure"] > 0, cand["attempts"]
 
 
 def test_refusals_name_the_conflict_and_build_nothing(tmp_path):
