@@ -467,17 +467,18 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
 
     \b
     Examples:
-      patchkit traffic                                     # default tree, default patch, both workloads
+      patchkit traffic                                     # default tree, default patch, every workload
       patchkit traffic --workload lmstudio-1757 --json
       patchkit traffic --patch park-slot                   # a preemption family: no request may end
       patchkit traffic --variant victim-not-freed          # a wrong rendering: is it caught?
       patchkit traffic --repo ~/llama.cpp --base main --candidate my-branch --report-dir out
     """
     from . import build as build_mod
-    from . import traffic as tr
+    from . import patch as patch_mod
     from . import verify as pipeline
     from .cli import OUTCOME_EXIT
 
+    tr = traffic_mod
     ui = UI(quiet=as_json)
     loads = [tr.load(n) for n in (names or tr.available())]
     r = open_repo(repo, ui)
@@ -494,7 +495,6 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
     with ui.step("build base and candidate"):
         base_bin = build_mod.build(r, base, progress=ui.progress).binary
         cand_bin = build_mod.build(r, cand, progress=ui.progress).binary
-    from . import patch as patch_mod
     # the family's own promise: a preemption patch ends no request, the eviction ends one per overflow
     family = patch_name or pipeline.series_patch(r, cand) or patch_mod.DEFAULT_PATCH
     promise = "preemption" if patch_mod.load_patch(family).expect == "preemption" else "one-victim"

@@ -18,7 +18,7 @@ def patchkit(*args, **kw):
     return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, **kw)
 
 
-def test_workflow_is_actionlint_clean():
+def test_workflow_is_actionlint_clean(tmp_path):
     exe = shutil.which("actionlint")
     assert exe, "actionlint is missing: `pip install -e '.[test]'` installs it"
     for wf in ("pin-gate.yml", "mutants.yml"):  # the gate, and the operator campaign's shards and merge
@@ -27,7 +27,7 @@ def test_workflow_is_actionlint_clean():
     # and it can fail: a broken copy is flagged
     bad = ROOT / "ci" / "pin-gate.yml"
     broken = bad.read_text().replace("runs-on: ubuntu-latest", "runs-on: [")
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "broken-pin-gate.yml"
+    tmp = tmp_path / "broken-pin-gate.yml"   # pytest's, removed after a pass: nothing left in /tmp
     tmp.write_text(broken)
     assert subprocess.run([exe, str(tmp)], capture_output=True).returncode != 0
 
