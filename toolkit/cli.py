@@ -254,12 +254,16 @@ def build_cmd(repo, ref, build_dir, sanitize, sanitize_only, as_json) -> None:
 @model_option()
 @expect_option()
 @json_option("Print report.json to stdout, no progress.")
+@click.option("--promises", "promises_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="What the candidate promises beyond the property (a small TOML file, docs/commands.md 'Promises'): "
+              "it gets the checks of patchkit's own series that promise the same. Default: its trailer, or "
+              "patchkit's code recognised in it, else nothing (the property alone).")
 @click.option("--upstream-tests", "upstream_tests", multiple=True, help="Also run llama.cpp's own server tests "
               "(tools/server/tests) on both sides, offline: a subset name (`ci`), a file or a test id; repeatable. "
               "A test that passes on the base and fails on the candidate fails the verdict (see upstream-tests).")
 def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, policy, variant, baseline_only,
                workloads, repeat, report_dir, sanitize, sanitize_only, model_name, expect, as_json,
-               upstream_tests) -> None:
+               promises_file, upstream_tests) -> None:
     """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
     Exit 0 when every expectation holds, 1 when one fails (report says which).
@@ -276,8 +280,11 @@ def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, po
     from . import verify as pipeline
 
     ui = UI(quiet=as_json)
-    if baseline_only and any((candidate_ref, patch_name, patch_file, commit)):
+    if baseline_only and any((candidate_ref, patch_name, patch_file, commit, promises_file)):
         raise UsageError("--baseline-only runs no candidate; drop the candidate option.")
+    if promises_file:
+        from .promises import load
+        load(promises_file)   # a bad declaration is refused before anything is built
     r = open_repo(repo, ui)
     base_ref = default_base(base_ref, repo)
     default = pipeline.REAL_SUITE if model_name in model_mod.REAL else pipeline.SUITE
@@ -287,7 +294,7 @@ def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, po
                           patch_file=patch_file, commit=commit, baseline_only=baseline_only, policy=policy,
                           variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
                           opts=build_options(sanitize, None, sanitize_only), model_name=model_name,
-                          expect=expect)
+                          expect=expect, promises_file=promises_file)
     paths = report.write(res, out_dir)
     up = None
     if upstream_tests and res.candidate_commit:

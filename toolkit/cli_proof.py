@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from . import model as model_mod
-from . import source, workload
+from . import promises, source, workload
 from . import traffic as traffic_mod
 from .cli import cli
 from .cli_options import (candidate_options, default_base, emit_json, model_option, open_repo,
@@ -153,6 +153,9 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
               "variable for that candidate's servers (a knob the PR reads), repeatable.")
 @click.option("--candidate-args", "cand_args", multiple=True, metavar="REF=ARGS", help="Server flags for that "
               "candidate's servers, shell-quoted (e.g. fork/pr-186='--preempt-ram 0'), repeatable.")
+@click.option("--candidate-promises", "cand_promises", multiple=True, metavar="REF=FILE", help="What that candidate "
+              "promises beyond the property (a promises file, docs/commands.md 'Promises'): judged as patchkit's "
+              "own series that promise the same. Without it: its trailer, or patchkit's code recognised in it.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per strategy and "
               "workload: the table gives each figure's median and range, and names a faster strategy only where "
               "every run of it beat every run of the other (a rank test; 3 runs each at least).")
@@ -161,8 +164,8 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("patchkit-referee"),
               show_default=True, help="Where report.json/md/html (table and chart) and the server logs go.")
 @click.option("--json", "as_json", is_flag=True)
-def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, cand_envs, cand_args, repeat,
-                markdown_path, report_dir, as_json) -> None:
+def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, cand_envs, cand_args, cand_promises,
+                repeat, markdown_path, report_dir, as_json) -> None:
     """Referee every answer to a full KV cache on the same workloads: terminate, park, recompute.
 
     Each strategy is one patch family (patches/) with a victim policy, rendered on the base
@@ -199,15 +202,24 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, ca
         if ref not in flags or not eq:
             raise UsageError(f"--candidate-args takes REF=ARGS for a ref given with --candidate, not '{item}'.")
         flags[ref] += tuple(shlex.split(text))
+    declared: dict[str, Path] = {}
+    for item in cand_promises:
+        ref, eq, path = item.partition("=")
+        if ref not in envs or not eq or not path:
+            raise UsageError(f"--candidate-promises takes REF=FILE for a ref given with --candidate, not '{item}'.")
+        declared[ref] = Path(path)
+        promises.load(declared[ref])   # a bad file is refused before anything is built
     wls = [workload.load(w) for w in (workloads or ref_mod.DEFAULT_WORKLOADS)]
     out_dir = report_dir.resolve()
     command = "patchkit referee " + shlex.join(
         [*(("--repo", repo) if repo else ()), "--base", base, *(a for e in entries for a in ("--strategy", e.label)),
          *(a for w in wls for a in ("--workload", w.name)), *(("--model", model_name) if model_name else ()),
          *(a for ref in cand_refs for a in ("--candidate", ref)), *(a for x in cand_envs for a in ("--candidate-env", x)),
-         *(a for x in cand_args for a in ("--candidate-args", x)), "--repeat", str(repeat)])
+         *(a for x in cand_args for a in ("--candidate-args", x)),
+         *(a for x in cand_promises for a in ("--candidate-promises", x)), "--repeat", str(repeat)])
     table = ref_mod.referee(r, base, entries, wls, model_name=model_name, out_dir=out_dir / "logs", say=ui.say,
                             progress=ui.progress, candidates=tuple((ref, envs[ref], flags[ref]) for ref in cand_refs),
+                            declared=declared,
                             repeat=repeat, command=command)
     paths = ref_mod.write(table, out_dir, markdown_path.resolve() if markdown_path else None)
     if as_json:
@@ -453,9 +465,12 @@ def sensitivity_cmd(repo, ref, models, trials, n_gen, seed, kinds, min_share, as
               "table; the candidate is judged the same, against controls the base binary serves).")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where traffic.json and the server logs go (default: ./patchkit-traffic).")
+@click.option("--promises", "promises_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="What the candidate promises (docs/commands.md 'Promises'): expect = \"preemption\" holds it to "
+              "'no request ended', else one request per overflow. Default: its trailer or patchkit's code in it.")
 @click.option("--json", "as_json", is_flag=True)
 def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, names, variant, repeat,
-                candidate_only, report_dir, as_json) -> None:
+                candidate_only, report_dir, promises_file, as_json) -> None:
     """Serve the users' traffic on base and candidate: chat sessions through the openai client.
 
     Seeded users hold multi-turn conversations over /v1/chat/completions (streamed, the
@@ -481,6 +496,8 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
     tr = traffic_mod
     ui = UI(quiet=as_json)
     loads = [tr.load(n) for n in (names or tr.available())]
+    if promises_file:
+        promises.load(promises_file)   # a bad declaration is refused before anything is built
     r = open_repo(repo, ui)
     base, why = pipeline.choose_base(r, default_base(base_ref, repo), candidate_ref)
     with ui.step("prepare candidate"):
@@ -495,9 +512,13 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
     with ui.step("build base and candidate"):
         base_bin = build_mod.build(r, base, progress=ui.progress).binary
         cand_bin = build_mod.build(r, cand, progress=ui.progress).binary
-    # the family's own promise: a preemption patch ends no request, the eviction ends one per overflow
-    family = patch_name or pipeline.series_patch(r, cand) or patch_mod.DEFAULT_PATCH
-    promise = "preemption" if patch_mod.load_patch(family).expect == "preemption" else "one-victim"
+    # its promise (promises.py): a preemption ends no request; an eviction, or a candidate that
+    # promises nothing, one request per overflow (the property every eviction keeps)
+    rendered = not (candidate_ref or patch_file or commit)
+    declared = promises.of_candidate(r, base, cand, declared=promises_file, within=pipeline.SERIES_DEPTH,
+                                     family=(patch_name or patch_mod.DEFAULT_PATCH) if rendered else None)
+    ui.say("promises: " + (declared.text if declared else "none found: one request ended per overflow at most"))
+    promise = "preemption" if declared and declared.expect == "preemption" else "one-victim"
     out_dir = (report_dir or Path("patchkit-traffic")).resolve()
     results = []
     for t in loads:

@@ -364,10 +364,14 @@ class Promises:
     - witness: its eviction logs one line per eviction, which must be readable and agree;
     - park_bound: a request parked that many times is passed over while another can go;
     - resume_path: how a parked slot comes back, "swap" (its sequence read back from host memory)
-      or "recompute" (nothing held); "" not promised (a hybrid budget between 0 and no limit)."""
+      or "recompute" (nothing held); "" not promised (a hybrid budget between 0 and no limit);
+    - resume_cells: what a resumed slot holds, "exact" (the cells it held at the park) or "pending"
+      (those and its pending sampled token, decoded with them); "": either (the property's band).
+    promises.py says where a candidate's promises come from (a trailer, its code, a declaration)."""
     witness: bool = False
     park_bound: int = 0
     resume_path: str = ""
+    resume_cells: str = ""
 
 
 NONE = Promises()
@@ -487,14 +491,18 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promis
     # design that prefills it with the history (the fork's one-path recompute), the sampled token
     # whose decode was pending: cells_before or cells_before + 1. Fewer: tokens lost (a recompute that
     # forgot the generated ones); more: cells that are no token of the slot's.
-    moved = [p for v in ps.values() for p in v if p.resumed and p.cells not in (p.cells_before, p.cells_before + 1)]
+    # A series that promises one of the two (own.resume_cells) is held to it: recompute-slot to the
+    # cells it held, recompute-prefill-slot to those and its pending token.
+    band = {"exact": (0,), "pending": (1,)}.get(own.resume_cells, (0, 1))
+    said = {(0,): "the cells it held when it paused (its series' promise)",
+            (1,): "the cells it held when it paused plus its pending sampled token (its series' promise)",
+            (0, 1): "the cells it held when it paused, or those plus its pending sampled token"}[band]
+    moved = [p for v in ps.values() for p in v if p.resumed and p.cells - p.cells_before not in band]
     if n:
         checks.append(_check("resumes-where-paused", not moved,
                              "; ".join(f"slot {p.slot}: paused holding {p.cells_before} cells, resumed holding {p.cells}"
-                                       f" (its tokens so far: {p.cells_before}, or {p.cells_before + 1} with the "
-                                       "pending sampled token)" for p in moved) if moved else
-                             "every resumed request came back holding exactly its tokens so far (the cells it "
-                             "held when it paused, or those plus its pending sampled token)"))
+                                       f" (promised: {said})" for p in moved) if moved else
+                             f"every resumed request came back holding exactly its tokens so far: {said}"))
     if n:
         unfreed = m.unfreed_parks
         checks.append(_check("parks-free-cells", not unfreed, "; ".join(unfreed) if unfreed else

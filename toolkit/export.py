@@ -86,6 +86,17 @@ def add_own_test(repo: git.Repo, candidate: str, promise: str) -> str:
     return apply_mod.commit_text(repo, candidate, OWN_TEST, own_test_text(repo, candidate, promise).encode(), msg)
 
 
+def write_patches(repo: git.Repo, base: str, tip: str, out_dir: Path) -> tuple[Path, ...]:
+    """The series as `git am` takes it. The trailers are patchkit's bookkeeping, not the
+    maintainer's: format-patch keeps the messages as committed, so they are stripped from the
+    files (the series' promises then come from its code: promises.recognise)."""
+    names = repo.git.format_patch(f"{base}..{tip}", "-o", str(out_dir), "--no-signature").splitlines()
+    patches = tuple(Path(n) for n in names)
+    for p in patches:
+        p.write_text("\n".join(l for l in p.read_text().splitlines() if not l.startswith("Patchkit-")) + "\n")
+    return patches
+
+
 def run_own_test(repo: git.Repo, base: str, tip: str, out_dir: Path, say, progress) -> OwnTest:
     from . import upstream as upstream_mod
     res = upstream_mod.run(repo, base, tip, tests=(OWN_TEST.removeprefix("tools/server/tests/"),),
@@ -124,12 +135,7 @@ def export(repo: git.Repo, base: str, candidate: str, out_dir: Path, *, repo_arg
     has_test = any(OWN_TEST in c.stats.files for c in commits)
     tip = candidate if has_test else add_own_test(repo, candidate, promise)
     commits = list(repo.iter_commits(f"{base}..{tip}", first_parent=True))
-    # the trailers are patchkit's bookkeeping, not the maintainer's: format-patch keeps the
-    # messages as committed, so strip them from the files
-    names = repo.git.format_patch(f"{base}..{tip}", "-o", str(out_dir), "--no-signature").splitlines()
-    patches = tuple(Path(n) for n in names)
-    for p in patches:
-        p.write_text("\n".join(l for l in p.read_text().splitlines() if not l.startswith("Patchkit-")) + "\n")
+    patches = write_patches(repo, base, tip, out_dir)
     stat = repo.git.diff("--stat", base, candidate)
 
     def cmd(*args: str) -> str:

@@ -52,6 +52,11 @@ class PatchSpec:
     parts: tuple[tuple[str, str], ...] = ()  # (template, anchor): where each part of the C++ goes (ANCHORS)
     # operator mutants argued equivalent ([[equivalent]]: operator, original, mutated, why): not ALIVE
     equivalent: tuple[dict, ...] = ()
+    # how its code is recognised once its trailers are gone (promises.recognise): regexes beyond the
+    # definitions that tell it from the families sharing its templates, and the phrase each policy
+    # renders into its log line ([recognise] signature, [recognise.policies])
+    signature: tuple[str, ...] = ()
+    policy_said: dict = field(default_factory=dict)
 
 
 def family_dirs() -> list[Path]:
@@ -93,7 +98,8 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
                      d.get("params", {}),
                      {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"),
                      tuple(d.get("layouts", ())), tuple(d.get("shapes", ())), d.get("strategy", ""),
-                     parts, tuple(d.get("equivalent", ())))
+                     parts, tuple(d.get("equivalent", ())), tuple(d.get("recognise", {}).get("signature", ())),
+                     dict(d.get("recognise", {}).get("policies", {})))
 
 
 # The server's environment variable hybrid-slot reads its budget of parked bytes from (MiB; the

@@ -21,6 +21,7 @@ from . import apply as apply_mod
 from . import build as build_mod
 from . import compare, measure
 from . import patch as patch_mod
+from . import promises as promises_mod
 from . import verify as verify_mod
 from .record import Run
 from .workload import Workload
@@ -267,9 +268,10 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
             model_name: str | None = None, opts: build_mod.Options = build_mod.Options(), out_dir: Path,
             say: Callable[[str], None] = print, progress: Callable[[str], None] = lambda s: None,
             candidates: tuple[tuple[str, dict[str, str], tuple[str, ...]], ...] = (), repeat: int = 1,
-            command: str = "") -> Table:
+            command: str = "", declared: dict[str, Path] | None = None) -> Table:
     """`candidates`: (ref, server environment, server flags) rows beside the strategies: any ref of
-    `repo` (a fork's PR branch), judged by what it measurably does (`--expect auto`), its environment
+    `repo` (a fork's PR branch), judged by what it measurably does (`--expect auto`) and by what it
+    promises (`declared`: ref -> promises file; else its trailer or patchkit's code, promises.py); its environment
     and flags its own (e.g. a knob the PR reads, `--preempt-ram 0`). `repeat`: runs per row."""
     t0 = time.monotonic()
     reuse: dict = {}
@@ -299,11 +301,16 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
         label = f"ref {ref}" + "".join(f" {k}={v}" for k, v in env.items()) + "".join(f" {a}" for a in args)
         say(f"== {label}: a candidate of the repository, judged by what it measurably does")
         cand = resolve(repo, ref)
+        # what it promises beyond the property: declared, its trailer, or patchkit's code in it
+        own = promises_mod.of_candidate(repo, base, cand, declared=(declared or {}).get(ref))
+        say(f"   promises: {own.text if own else 'none found: judged on the property alone'}")
         res = verify_mod.run_suite(repo, base, cand, workloads, work_dir=out_dir / f"ref-{len(rows)}", opts=opts,
-                                   repeat=repeat,
+                                   repeat=repeat, policy=own.policy if own else "largest",
                                    candidate_label=label, layout=layout, model_name=model_name, expect="auto",
-                                   evicting_patch=False, reuse=reuse, say=say, progress=progress,
-                                   candidate_env=env, candidate_args=args)
+                                   evicting_patch=own is not None, reuse=reuse, say=say, progress=progress,
+                                   candidate_env=env, candidate_args=args,
+                                   patch_expect=own.expect if own else "eviction", declared=own,
+                                   family=own.family if own else "")
         builds[label] = dict(res.timings).get("build candidate", 0.0)
         for wr in res.results:
             rows += _rows(Entry(label, ""), wr, res.expect,

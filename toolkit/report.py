@@ -119,6 +119,7 @@ def to_json(res: Result) -> dict:
         "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source,
         "policy": res.policy if res.own else None, "policy_measured": policy_text(res), "layout": res.layout,
+        "promises": res.promises,
         "model_sha256": res.model_sha256,
         "sensitivity": {name: (r if isinstance(r, str) else sensitivity.to_json(r)) for name, r in res.sensitivity},
         "expect": res.expect, "expect_why": res.expect_why,
@@ -227,6 +228,9 @@ def text_table(res: Result) -> str:
         lines += [f"  {c.shape:<{w}}  {c.where()}" for c in res.coverage]
         lines.append("")
     lines += [sensitivity.line(r, name) for name, r in res.sensitivity]
+    if res.candidate_commit:
+        lines.append("promises judged beyond the property: " + (res.promises or "none (a foreign candidate that "
+                     "declares none: --promises FILE gives it the checks of the series that promise the same)"))
     lines.append(summary_line(res))
     return "\n".join(lines)
 

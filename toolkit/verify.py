@@ -17,7 +17,7 @@ from .errors import UsageError
 
 from . import build as build_mod
 from . import sensitivity
-from . import compare, measure, model, upstream_unified
+from . import compare, measure, model, promises, upstream_unified
 from . import coverage as coverage_mod
 from .record import Run
 from .runner import run as run_workload
@@ -64,6 +64,9 @@ class Result:
     # the candidate is patchkit's own series (its policy is its promise); else its policy is only
     # what was measured, and the reports say so (issue 28)
     own: bool = True
+    # what the candidate was judged to promise beyond the property, and where that was found
+    # (promises.Declared.text); "" for a foreign candidate (the property alone)
+    promises: str = ""
     # per model served: what a one-cell change of its history does to its stream (sensitivity.py),
     # or why it was not measured: the strength of every "equals its control" above rests on it
     sensitivity: tuple[tuple[str, object], ...] = ()
@@ -106,7 +109,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None,
               patch_expect: str = "eviction", shapes: tuple[str, ...] | None = None,
               candidate_env: dict[str, str] | None = None, candidate_args: tuple[str, ...] = (),
-              family: str = "") -> Result:
+              family: str = "", declared: promises.Declared | None = None) -> Result:
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
     each workload's control and base runs are made once and shared by every candidate.
     `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`).
@@ -115,7 +118,9 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     `candidate_env`, `candidate_args`: added to the candidate's servers' environment (a mutant's id, a
     PR's knob) and command line (a PR's own flags, e.g. --preempt-ram 0).
     `family`: which of patchkit's series the candidate is (its patch name), for the promises only
-    that series makes (the resume path of a park); "" for any other candidate."""
+    that series makes (the resume path of a park); "" for any other candidate.
+    `declared`: the candidate's promises as found by promises.of_candidate (a declaration, a trailer,
+    its code); when given it decides the promises judged, whatever `family` says."""
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -189,12 +194,9 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
 
     applied, why, base_evicts = expectations(expect, measured, candidate_label if evicting_patch else None,
                                              patch_expect)
-    # what patchkit's own series promises besides the property (a foreign candidate: nothing)
-    from . import patch as patch_mod
-    own = compare.NONE if not evicting_patch else compare.Promises(
-        witness=patch_expect == "eviction",
-        park_bound=measure.PARK_BOUND if patch_expect == "preemption" else 0,
-        resume_path=patch_mod.resume_path(family, candidate_env) if family and patch_expect == "preemption" else "")
+    # what the candidate promises besides the property (promises.py; a foreign candidate: nothing)
+    own = (declared.own if declared else compare.NONE if not evicting_patch
+           else promises.of_family(family, policy, "", candidate_env).own if family else compare.NONE)
     base_reference = base_reference or base_evicts
     say(f"expectations: {applied} ({why})")
     results = []
@@ -224,7 +226,10 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
-                  applied, why, coverage=cov, own=evicting_patch or not candidate_commit, sensitivity=sens)
+                  applied, why, coverage=cov, own=evicting_patch or declared is not None or not candidate_commit,
+                  sensitivity=sens, promises=declared.text if declared else
+                  promises.of_family(family, policy, "its family", candidate_env).text
+                  if evicting_patch and family and candidate_commit else "")
 
 
 def idle_timeout(control: Run | None, floor: float = 30.0, default: float = 120.0) -> float:
@@ -361,7 +366,7 @@ def series_patch(repo: git.Repo, commit: str) -> str | None:
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
            baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
            out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None,
-           expect: str = "auto") -> Result:
+           expect: str = "auto", promises_file: Path | None = None) -> Result:
     from . import patch as patch_mod
     from .apply import series_base
     from .source import current_branch, resolve
@@ -386,14 +391,21 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
         prep = (("prepare candidate", time.monotonic() - t),)
         refuse_vacuous(repo, base, why, cand, label)
         ui.say(f"candidate {cand[:12]}: {label}" + (f", layout {layout}" if layout else ""))
+    # what the candidate promises beyond the property: declared, its trailer, or its code (promises.py)
+    declared = None
+    if cand:
+        rendered = not (candidate_ref or patch_file or commit)
+        declared = promises.of_candidate(repo, base, cand, declared=promises_file,
+                                         family=(patch_name or patch_mod.DEFAULT_PATCH) if rendered else None,
+                                         policy=policy, within=SERIES_DEPTH)
+        ui.say("promises: " + (declared.text if declared else "none found (no declaration, trailer or patchkit code): "
+                               "judged on the property alone"))
     with ui.step("builds and workloads"):
-        # patchkit's own series (applied here, or a branch `apply` made) is the eviction by construction
-        evicting = bool(cand) and (not (candidate_ref or patch_file or commit)
-                                   or bool(series_base(repo, cand, within=SERIES_DEPTH)))
-        family = patch_name or (series_patch(repo, cand) if cand else None) or patch_mod.DEFAULT_PATCH
+        family = declared.family if declared else ""
+        spec = patch_mod.load_patch(family) if family else None
         res = run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / "logs", opts=opts,
-                        policy=policy, candidate_label=label, candidate_source=src, layout=layout,
-                        model_name=model_name, expect=expect, evicting_patch=evicting, say=ui.say,
-                        progress=ui.progress, patch_expect=patch_mod.load_patch(family).expect,
-                        shapes=patch_mod.load_patch(family).shapes if evicting else None, family=family)
+                        policy=declared.policy if declared else policy, candidate_label=label, candidate_source=src,
+                        layout=layout, model_name=model_name, expect=expect, evicting_patch=declared is not None,
+                        say=ui.say, progress=ui.progress, patch_expect=declared.expect if declared else "eviction",
+                        shapes=spec.shapes if spec else None, family=family, declared=declared)
     return replace(res, timings=prep + res.timings, base_why=why)

@@ -49,9 +49,9 @@ def run(park_at=3, back_after=2, resume_cells=None, idle=0, never=False, n=10, p
     return Run("overflow-4", outs, (), (), True, True, None, t, "log", pool=64, trace=tuple(trace), pool_probe=probe)
 
 
-def checks(r, control=None):
+def checks(r, control=None, own=compare.NONE):
     control = control or run(park_at=99)
-    return {c.name: c for c in compare.preemption(measure.measure(r, WL), control)}
+    return {c.name: c for c in compare.preemption(measure.measure(r, WL), control, own=own)}
 
 
 def test_a_pause_is_read_from_the_log_with_where_it_happened():
@@ -82,8 +82,8 @@ def test_the_right_preemption_passes_every_check():
 def test_resuming_elsewhere_fails_with_both_cell_counts():
     c = checks(run(resume_cells=PROMPT))
     assert c["resumes-where-paused"].status == "fail"
-    assert c["resumes-where-paused"].detail.startswith("slot 0: paused holding 13 cells, resumed holding 10 (its "
-                                                       "tokens so far: 13, or 14 with the pending sampled token)")
+    assert c["resumes-where-paused"].detail.startswith("slot 0: paused holding 13 cells, resumed holding 10 (promised: "
+                                                       "the cells it held when it paused, or those plus its pending")
 
 
 def test_a_resume_that_prefills_the_pending_token_is_right_one_more_is_not():
@@ -93,6 +93,18 @@ def test_a_resume_that_prefills_the_pending_token_is_right_one_more_is_not():
     assert checks(run(resume_cells=14))["resumes-where-paused"].status == "pass"
     c = checks(run(resume_cells=15))
     assert c["resumes-where-paused"].status == "fail" and "resumed holding 15" in c["resumes-where-paused"].detail
+
+
+def test_a_series_is_held_to_the_cells_it_promises():
+    """recompute-slot promises the cells it held, recompute-prefill-slot those and its pending
+    token: the property's one-cell band is for candidates that promise neither (issue 34)."""
+    exact, pending = compare.Promises(resume_cells="exact"), compare.Promises(resume_cells="pending")
+    assert checks(run(resume_cells=13), own=exact)["resumes-where-paused"].status == "pass"
+    c = checks(run(resume_cells=14), own=exact)["resumes-where-paused"]
+    assert c.status == "fail" and "resumed holding 14 (promised: the cells it held when it paused (its series'" in c.detail
+    assert checks(run(resume_cells=14), own=pending)["resumes-where-paused"].status == "pass"
+    c = checks(run(resume_cells=13), own=pending)["resumes-where-paused"]
+    assert c.status == "fail" and "plus its pending sampled token (its series' promise)" in c.detail
 
 
 def test_a_wait_while_nothing_runs_breaks_the_bound():

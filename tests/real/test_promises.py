@@ -1,0 +1,119 @@
+"""Issue 34: every author's patch is held to the same promises, whoever wrote it and however it
+reached the branch.
+
+- patchkit's series keeps its promises after `export` (trailers stripped), `git am` onto a plain
+  branch: recognised by its code, it is judged by parks-bounded and resume-path, and its
+  parks-unbounded variant, exported the same way, is killed by parks-bounded;
+- every family is recognised by its code with the policy it was rendered with, and nothing is
+  recognised in a tree without patchkit's code;
+- a right eviction by another author (a 503 "slot evicted ... retry later") PASSES; its copy
+  that picks the lowest slot id FAILS, quoting victim-is-largest."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import git
+import pytest
+
+from toolkit import apply, export, promises, source
+
+from .conftest import clone, commit_on
+
+
+def patchkit(*args):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, env=dict(os.environ))
+
+
+def checks(report: dict, side: str = "candidate") -> dict:
+    return {c["name"]: c for w in report["workloads"].values() for v in w["verdicts"] if v["side"] == side
+            for c in v["checks"]}
+
+
+def plain_branch(c2, tmp_path, name, variant=None):
+    """The park series as a maintainer gets it from `export` (its own test added, trailers
+    stripped), applied with `git am` to a branch of a fresh clone: no trailer anywhere."""
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    cand, _ = apply.candidate_commit(repo, base, "park-slot", "largest", variant)
+    tip = export.add_own_test(repo, cand, "preemption")
+    files = export.write_patches(repo, base, tip, tmp_path / f"{name}-series")
+    assert files and not any("Patchkit-" in f.read_text() for f in files)
+    user = clone(c2, tmp_path / name)
+    user.git.checkout("-q", "-b", "plain", source.BASELINE_TAG)
+    user.git.am(*map(str, files))
+    assert not re.search("^Patchkit-", user.git.log(f"{source.BASELINE_TAG}..plain", "--format=%B"), re.M)
+    return user
+
+
+def test_the_exported_park_series_merged_into_a_plain_branch_keeps_its_promises(c2, c2_base, tmp_path):
+    user = plain_branch(c2, tmp_path, "fork")
+    res = patchkit("verify", "--repo", user.working_tree_dir, "--base", source.BASELINE_TAG, "--candidate", "plain",
+                   "--workload", "park-starvation-7", "--report-dir", str(tmp_path / "right"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "promises: preemption, policy largest; a request parked 3 times is passed over; resume by swap" in res.stdout
+    assert "park-slot, code: park-slot's definitions in tools/server/server-context.cpp" in res.stdout
+    c = checks(json.loads((tmp_path / "right" / "report.json").read_text()))
+    assert c["parks-bounded"]["status"] == "pass" and c["resume-path"]["status"] == "pass", c
+    assert "the cells it held when it paused (its series' promise)" in c["resumes-where-paused"]["detail"]
+
+    wrong = plain_branch(c2, tmp_path, "fork-unbounded", "parks-unbounded")
+    res = patchkit("verify", "--repo", wrong.working_tree_dir, "--base", source.BASELINE_TAG, "--candidate", "plain",
+                   "--workload", "park-starvation-7", "--report-dir", str(tmp_path / "wrong"))
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    c = checks(json.loads((tmp_path / "wrong" / "report.json").read_text()))
+    assert [k for k, v in c.items() if v["status"] == "fail"] == ["parks-bounded"], c
+    assert "slot 0 parked a 4th time at step" in c["parks-bounded"]["detail"]
+
+
+@pytest.mark.parametrize("family,policy", [("evict-largest-slot", "smallest"), ("park-slot", "not-leader-smallest"),
+                                           ("recompute-slot", "newest"), ("hybrid-slot", "largest"),
+                                           ("recompute-prefill-slot", "smallest")])
+def test_every_family_is_recognised_by_its_code_with_its_policy(c2, family, policy):
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    cand, _ = apply.candidate_commit(repo, base, family, policy)
+    squashed = repo.git.commit_tree(f"{cand}^{{tree}}", "-p", base, "-m", "server: a change")   # no trailer
+    d = promises.recognise(repo, base, squashed)
+    assert d is not None and (d.family, d.policy) == (family, policy), d
+    assert d.own == promises.of_family(family, policy, "").own
+    assert promises.recognise(repo, base, base) is None
+    # the trailer is found first, and says the same
+    assert promises.of_candidate(repo, base, cand).source == "its commits' trailer"
+
+
+def test_a_foreign_eviction_with_its_own_answer_passes_and_its_lowest_id_copy_fails(c2, c2_base, tmp_path):
+    """A reviewer's diff: patchkit's eviction with the victim's answer changed to a 503 "slot
+    evicted ... retry later", committed without a trailer. It ends one request, the largest:
+    right. The same diff keeping the lowest slot id ends one request, not the largest: wrong."""
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    cand, an = apply.candidate_commit(repo, base, "evict-largest-slot")
+    path = an.file
+    text = (repo.commit(cand).tree / path).data_stream.read().decode()
+    said = 'const std::string err = "Context size has been exceeded.";'
+    assert text.count(said) == 1 and text.count("send_error(slot, err);") >= 1
+    helper = text.index(said)
+    send = text.index("send_error(slot, err);", helper)
+    own = (text[:helper] + 'const std::string err = "slot evicted: the KV cache is full, retry later";'
+           + text[helper + len(said):send] + "send_error(slot, err, ERROR_TYPE_UNAVAILABLE);"
+           + text[send + len("send_error(slot, err);"):])
+    right = commit_on(repo, base, {path: own}, "server: evict one slot on a full KV cache, answer it 503")
+    pick = "if (n_cells(*s) > n_cells(*victim)) {"
+    assert own.count(pick) == 1
+    lowest = commit_on(repo, base, {path: own.replace(pick, "if (s->id < victim->id) {")},
+                       "server: evict the first slot on a full KV cache, answer it 503")
+    res = patchkit("verify", "--repo", c2.path, "--base", source.BASELINE_TAG, "--candidate", right,
+                   "--workload", "overflow-4", "--report-dir", str(tmp_path / "right"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    rep = json.loads((tmp_path / "right" / "report.json").read_text())
+    c = checks(rep)
+    assert c["victim-is-largest"]["status"] == "pass" and "retry later" in c["victim-error-text"]["detail"], c
+    assert rep["promises"].startswith("eviction, policy largest; one log line per eviction")
+
+    res = patchkit("verify", "--repo", c2.path, "--base", source.BASELINE_TAG, "--candidate", lowest,
+                   "--workload", "overflow-4", "--report-dir", str(tmp_path / "lowest"))
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    c = checks(json.loads((tmp_path / "lowest" / "report.json").read_text()))
+    assert c["victim-is-largest"]["status"] == "fail" and "OUTSIDE the policy's choice" in c["victim-is-largest"]["detail"]
