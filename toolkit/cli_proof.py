@@ -526,6 +526,7 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
             results.append(tr.compare(base_bin, cand_bin, t, out_dir / "logs", promise=promise,
                                       with_base=not candidate_only, repeat=repeat, say=ui.say))
     doc = {"base": base, "candidate": cand, "candidate_label": label, "promise": tr.PROMISES[promise],
+           "promises": declared.text if declared else "",
            "workloads": [tr.to_json(x) for x in results]}
     outcomes = [x.outcome for x in results]
     outcome = "FAIL" if "FAIL" in outcomes else "INCONCLUSIVE" if "INCONCLUSIVE" in outcomes else "PASS"

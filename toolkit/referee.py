@@ -86,6 +86,7 @@ class Table:
     build_s: dict            # entry -> seconds its candidate build took (0 when cached)
     repeat: int = 1
     command: str = ""        # the command that reproduces it (the PR comment quotes it)
+    promises: tuple[tuple[str, str], ...] = ()  # (candidate row, what it was judged to promise and whence)
 
 
 # A ranking claims only what the runs show: on one workload, A is measurably faster than B when every
@@ -280,6 +281,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
     layout = None
     base_rows_done = False
     known = strategies()  # every family's patch.toml, read once
+    said: list[tuple[str, str]] = []
     for entry in entries:
         fam = known[entry.strategy][0]
         if fam is None:
@@ -303,7 +305,8 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
         cand = resolve(repo, ref)
         # what it promises beyond the property: declared, its trailer, or patchkit's code in it
         own = promises_mod.of_candidate(repo, base, cand, declared=(declared or {}).get(ref))
-        say(f"   promises: {own.text if own else 'none found: judged on the property alone'}")
+        said.append((label, own.text if own else "none found: judged on the property alone"))
+        say(f"   promises: {said[-1][1]}")
         res = verify_mod.run_suite(repo, base, cand, workloads, work_dir=out_dir / f"ref-{len(rows)}", opts=opts,
                                    repeat=repeat, policy=own.policy if own else "largest",
                                    candidate_label=label, layout=layout, model_name=model_name, expect="auto",
@@ -321,7 +324,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
     wl_order = {w.name: i for i, w in enumerate(workloads)}
     rows.sort(key=lambda r: (wl_order[r.workload], order.get(r.entry, -1), r.run))
     return Table(base, layout, model_name or workloads[0].model, tuple(rows), round(time.monotonic() - t0, 1), builds,
-                 repeat, command)
+                 repeat, command, tuple(said))
 
 
 COLUMNS = (("strategy", "entry"), ("completed", None), ("collateral", "collateral"), ("makespan s", "makespan_s"),
@@ -338,6 +341,7 @@ def markdown(t: Table) -> str:
     lines = ["# The referee: every answer to a full KV cache, measured",
              "", f"base `{t.base_commit[:12]}`, layout {t.layout}, model {t.model}, {t.repeat} run(s) per row; "
              f"{t.seconds:.0f} s in all.", ""]
+    lines += [f"- {label} promises: {text}" for label, text in t.promises] + ([""] if t.promises else [])
     for wl in dict.fromkeys(r.workload for r in t.rows):
         lines += [f"## {wl}", ""]
         if t.repeat > 1:
@@ -421,6 +425,7 @@ def to_json(t: Table) -> dict:
     wls = list(dict.fromkeys(r.workload for r in t.rows))
     return {"schema": "patchkit-referee/2", "base_commit": t.base_commit, "layout": t.layout, "model": t.model,
             "repeat": t.repeat, "command": t.command, "seconds": t.seconds, "build_s": t.build_s,
+            "promises": dict(t.promises),
             "rows": [asdict(r) for r in t.rows], "summaries": [asdict(m) for m in summaries(t)],
             "ranking": {wl: ranking(t, wl) for wl in wls}}
 

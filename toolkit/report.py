@@ -116,6 +116,8 @@ def to_json(res: Result) -> dict:
         "summary": summary_line(res), "checks": check_counts(res),
         "coverage": [{"shape": c.shape, "reached_by": c.by, "repeats_reached": c.repeats, "repeats": c.of}
                      for c in res.coverage],
+        "pairs": [{"pair": c.shape, "reached_by": c.by, "repeats_reached": c.repeats, "repeats": c.of,
+                   "argued_reachable": c.shape in coverage.PAIRS} for c in res.pairs],
         "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source,
         "policy": res.policy if res.own else None, "policy_measured": policy_text(res), "layout": res.layout,
@@ -226,6 +228,13 @@ def text_table(res: Result) -> str:
         lines.append("shapes of the failure point (coverage):")
         w = max(len(c.shape) for c in res.coverage)
         lines += [f"  {c.shape:<{w}}  {c.where()}" for c in res.coverage]
+        lines.append("")
+    if res.pairs:
+        lines.append("pairs of the failure point (the victim's undecoded entries x a survivor's place; "
+                     "reported, not judged):")
+        w = max(len(c.shape) for c in res.pairs)
+        lines += [f"  {c.shape:<{w}}  {c.where()}" + ("" if c.shape in coverage.PAIRS else "  (argued unreachable)")
+                  for c in res.pairs]
         lines.append("")
     lines += [sensitivity.line(r, name) for name, r in res.sensitivity]
     if res.candidate_commit:

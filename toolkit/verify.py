@@ -61,6 +61,8 @@ class Result:
     base_why: str = ""            # how the base was chosen (the candidate's is candidate_label)
     # the failure-point shapes the candidate's runs reached (coverage.py), each with its first run
     coverage: tuple[coverage_mod.Reached, ...] = ()
+    # the eviction's pairs (victim's undecoded entries x a survivor's place), each with its first run
+    pairs: tuple[coverage_mod.Reached, ...] = ()
     # the candidate is patchkit's own series (its policy is its promise); else its policy is only
     # what was measured, and the reports say so (issue 28)
     own: bool = True
@@ -223,10 +225,11 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     judged += [(f"{wl.name} run {k + 1} (start {e.attempts})", e, wl) for wl, _, _, _, cand_runs in recorded
                for k, r in enumerate(cand_runs) for e in r.earlier]
     cov = coverage_mod.matrix(judged, tuple(declared), applied, policy) if cand_bin and declared else ()
+    pairs = coverage_mod.pair_matrix(judged, policy) if cand_bin and applied == "eviction" else ()
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
-                  applied, why, coverage=cov, own=evicting_patch or declared is not None or not candidate_commit,
+                  applied, why, coverage=cov, pairs=pairs, own=evicting_patch or declared is not None or not candidate_commit,
                   sensitivity=sens, promises=declared.text if declared else
                   promises.of_family(family, policy, "its family", candidate_env).text
                   if evicting_patch and family and candidate_commit else "")

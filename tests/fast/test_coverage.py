@@ -75,3 +75,45 @@ def test_a_shape_reached_in_some_repeats_only_is_named():
     assert summary_line(res).endswith("shapes reached 2/2; sampler: stateful in 1 of 3 repeats only")
     res = Result("r", "b", "c", "l", None, "largest", "C2", (), (), "", "eviction", "", coverage=cells[:1])
     assert summary_line(res).endswith("shapes reached 1/1 in each of 3 repeats")
+
+
+def test_pairs_of_the_victims_undecoded_entries_and_a_survivors_place():
+    """Issue 34: the index arithmetic depends on the combination, so it is counted as one."""
+    # victim slot 1 decoded (position 1 < off 2): slot 0 before it decoded, slot 2 after it not
+    got = coverage.overflow_pairs(ov([gen(0, 0), gen(1, 1, 300), gen(2, 2)], [1], 2, 3))
+    assert got == {"victim undecoded 0 x survivor before, undecoded 0", "victim undecoded 0 x survivor after, undecoded 1"}
+    # a victim in its prompt with its chunk undecoded: every generating survivor is before it
+    got = coverage.overflow_pairs(ov([gen(0, 0), gen(1, 1), prompt(3, 2)], [3], 1, 64))
+    assert got == {"victim undecoded >1 x survivor before, undecoded 0", "victim undecoded >1 x survivor before, undecoded 1"}
+    # a survivor in its prompt after a generating victim not decoded
+    got = coverage.overflow_pairs(ov([gen(0, 0, 600), gen(1, 1), prompt(2, 2, 300)], [0], 0, 40))
+    assert got == {"victim undecoded 1 x survivor after, undecoded 1", "victim undecoded 1 x survivor after, undecoded >1"}
+    assert got <= set(coverage.PAIRS)
+
+
+def test_the_reachable_pairs_follow_from_the_batch_layout():
+    """Enumerate every batch the server can build (generating entries first, then one prompt
+    chunk; any victim, any failure offset): the pairs reached are exactly coverage.PAIRS."""
+    reached = set()
+    for n_gen in range(0, 4):
+        for with_prompt in (False, True):
+            slots = [gen(k, k) for k in range(n_gen)] + ([prompt(n_gen, n_gen)] if with_prompt else [])
+            entries = n_gen + (5 if with_prompt else 0)
+            for victim in slots:
+                for off in range(entries):
+                    reached |= coverage.overflow_pairs(ov(slots, [victim.slot], off, entries))
+    assert reached == set(coverage.PAIRS), sorted(set(coverage.PAIRS) ^ reached)
+    assert len(coverage.PAIRS) == 10 and set(coverage.PAIRS) < set(coverage.PAIRS_ALL)
+
+
+def test_a_pair_argued_unreachable_but_measured_is_listed(monkeypatch):
+    """If the argument is wrong, the table shows the pair it said could not happen."""
+    from toolkit import measure
+    cov = coverage.pair_matrix([])
+    assert [c.shape for c in cov] == list(coverage.PAIRS) and all(c.by is None for c in cov)
+    # two prompts told apart would put a survivor after a victim with undecoded entries, decoded
+    impossible = ov([prompt(0, 0), gen(1, 9)], [0], 10, 12)
+    monkeypatch.setattr(measure, "overflows", lambda run, wl, policy="largest": [impossible])
+    cov = {c.shape: c for c in coverage.pair_matrix([("w run 1", None, None)])}
+    assert cov["victim undecoded >1 x survivor after, undecoded 0"].by == "w run 1"
+    assert "victim undecoded >1 x survivor after, undecoded 0" not in coverage.PAIRS

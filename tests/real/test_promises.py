@@ -52,9 +52,12 @@ def test_the_exported_park_series_merged_into_a_plain_branch_keeps_its_promises(
     res = patchkit("verify", "--repo", user.working_tree_dir, "--base", source.BASELINE_TAG, "--candidate", "plain",
                    "--workload", "park-starvation-7", "--report-dir", str(tmp_path / "right"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    assert "promises: preemption, policy largest; a request parked 3 times is passed over; resume by swap" in res.stdout
-    assert "park-slot, code: park-slot's definitions in tools/server/server-context.cpp" in res.stdout
-    c = checks(json.loads((tmp_path / "right" / "report.json").read_text()))
+    rep = json.loads((tmp_path / "right" / "report.json").read_text())
+    assert rep["promises"] == ("preemption, policy largest; a request parked 3 times is passed over; resume by swap; "
+                               "resume holding exactly its cells (park-slot, code: park-slot's definitions in "
+                               "tools/server/server-context.cpp)"), rep["promises"]
+    assert "promises judged beyond the property: preemption, policy largest" in res.stdout
+    c = checks(rep)
     assert c["parks-bounded"]["status"] == "pass" and c["resume-path"]["status"] == "pass", c
     assert "the cells it held when it paused (its series' promise)" in c["resumes-where-paused"]["detail"]
 
@@ -117,3 +120,34 @@ def test_a_foreign_eviction_with_its_own_answer_passes_and_its_lowest_id_copy_fa
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
     c = checks(json.loads((tmp_path / "lowest" / "report.json").read_text()))
     assert c["victim-is-largest"]["status"] == "fail" and "OUTSIDE the policy's choice" in c["victim-is-largest"]["detail"]
+
+
+def test_a_foreign_park_that_declares_park_slots_promises_gets_its_checks(c2, c2_base, tmp_path):
+    """The park series under other names (test_referee_candidate's renames: no trailer, no patchkit
+    code to recognise), without its starvation bound. Judged on the property alone it passes: every
+    request completes, every stream exact. Declaring park-slot's promises (--promises) gives it
+    park-slot's checks, and parks-bounded kills it, as it kills patchkit's own parks-unbounded."""
+    from .test_referee_candidate import RENAMES
+
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    cand, an = apply.candidate_commit(repo, base, "park-slot", "largest", "parks-unbounded")
+    text = repo.git.show(f"{cand}:{an.file}") + "\n"
+    for old, new in RENAMES.items():
+        text = text.replace(old, new)
+    sha = commit_on(repo, base, {an.file: text}, "server: swap a slot out when the KV cache is full")
+    assert promises.recognise(repo, base, sha) is None
+    args = ("verify", "--repo", c2.path, "--base", source.BASELINE_TAG, "--candidate", sha, "--workload",
+            "park-starvation-7")
+    res = patchkit(*args, "--report-dir", str(tmp_path / "undeclared"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "promises: none found" in res.stderr and "promises judged beyond the property: none" in res.stdout
+    assert "parks-bounded" not in checks(json.loads((tmp_path / "undeclared" / "report.json").read_text()))
+    (tmp_path / "promises.toml").write_text('# what our PR promises\nlike = "park-slot"\n')
+    res = patchkit(*args, "--report-dir", str(tmp_path / "declared"), "--promises", str(tmp_path / "promises.toml"))
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    rep = json.loads((tmp_path / "declared" / "report.json").read_text())
+    c = checks(rep)
+    assert [k for k, v in c.items() if v["status"] == "fail"] == ["parks-bounded"], c
+    assert "slot 0 parked a 4th time at step" in c["parks-bounded"]["detail"]
+    assert rep["promises"].endswith(f"(park-slot, file {tmp_path / 'promises.toml'})"), rep["promises"]

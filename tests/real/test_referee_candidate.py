@@ -25,14 +25,26 @@ def test_a_foreign_park_branch_is_a_row_beside_patchkits_strategies(c2, c2_base,
         text = text.replace(old, new)
     sha = commit_on(repo, c2.commit, {an.file: text}, "server: swap a slot out when the KV cache is full")
     repo.git.branch("fork/pr-park", sha)
+    repo.git.branch("fork/pr-park-declared", sha)   # the same code (one build), declaring park-slot's promises
+    (tmp_path / "promises.toml").write_text('like = "park-slot"\n')
     assert "Patchkit" not in repo.commit(sha).message
     res = subprocess.run([sys.executable, "-m", "toolkit", "referee", "--repo", str(tmp_path / "T"), "--base",
                           source.BASELINE_TAG, "--strategy", "base", "--strategy", "park:largest", "--candidate",
                           "fork/pr-park", "--candidate-env", "fork/pr-park=PREEMPT_KNOB=1",
-                          "--candidate-args", "fork/pr-park=--threads 1", "--workload", "overflow-4",
-                          "--report-dir", str(tmp_path / "ref"), "--json"], capture_output=True, text=True)
+                          "--candidate-args", "fork/pr-park=--threads 1", "--candidate", "fork/pr-park-declared",
+                          "--candidate-promises", f"fork/pr-park-declared={tmp_path / 'promises.toml'}",
+                          "--workload", "overflow-4", "--report-dir", str(tmp_path / "ref"), "--json"],
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rows = {r["entry"]: r for r in json.loads(res.stdout)["rows"]}
+    doc = json.loads(res.stdout)
+    rows = {r["entry"]: r for r in doc["rows"]}
+    # its code is not patchkit's (renamed): no promise found, unless it declares them
+    said = doc["promises"]
+    assert said["ref fork/pr-park PREEMPT_KNOB=1 --threads 1"] == "none found: judged on the property alone", said
+    assert said["ref fork/pr-park-declared"].startswith("preemption, policy largest; a request parked 3 times is "
+                                                        "passed over; resume by swap"), said
+    assert f"file {tmp_path / 'promises.toml'}" in said["ref fork/pr-park-declared"], said
+    assert rows["ref fork/pr-park-declared"]["verdict"] == "PASS", rows["ref fork/pr-park-declared"]
     foreign = rows["ref fork/pr-park PREEMPT_KNOB=1 --threads 1"]
     # measured, not declared: it parks, so the preemption expectations judged it, and it passes
     assert foreign["expect"] == "preemption" and foreign["verdict"] == "PASS", foreign

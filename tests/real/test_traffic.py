@@ -77,10 +77,15 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
     repo = clone(c2, tmp_path / "user")
     res = patchkit("apply", "--repo", str(repo.working_dir), "--branch", "evict")
     assert res.returncode == 0, res.stderr[-2000:]
+    # its own declaration wins over the series' trailer (promises.py), and is what the report names
+    (tmp_path / "promises.toml").write_text('expect = "eviction"\npolicy = "largest"\n')
     res = patchkit("traffic", "--repo", str(repo.working_dir), "--base", source.BASELINE_TAG, "--candidate", "evict",
-                   "--workload", "lmstudio-1757", "--candidate-only", "--report-dir", str(tmp_path / "r"))
+                   "--workload", "lmstudio-1757", "--candidate-only", "--report-dir", str(tmp_path / "r"),
+                   "--promises", str(tmp_path / "promises.toml"))
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     assert "one-victim-per-overflow: the pool ran out" in res.stdout and res.stdout.strip().endswith("PASS")
+    doc = json.loads((tmp_path / "r" / "traffic.json").read_text())
+    assert doc["promises"] == f"eviction, policy largest (file {tmp_path / 'promises.toml'})", doc["promises"]
     # rude-clients: two slots, generation-heavy turns, so the pool runs out while a slot generates
     # (a preemption family parks only generating slots: when every slot in play is mid-prompt it
     # fails them all as upstream does, which lmstudio-1757 reached in 1 run of 5, docs/measured.md)
@@ -114,6 +119,9 @@ def test_refusals_name_the_conflict_and_build_nothing(tmp_path):
     assert res.returncode == 2 and "--variant renders a broken variant" in res.stderr, res.stderr
     res = patchkit("traffic", "--patch-file", str(tmp_path / "x.patch"), "--candidate", "main")
     assert res.returncode == 2 and "at most one of" in res.stderr, res.stderr
+    (tmp_path / "bad.toml").write_text('expect = "evict"\n')
+    res = patchkit("traffic", "--promises", str(tmp_path / "bad.toml"))
+    assert res.returncode == 2 and "expect = 'evict' is not one of eviction, preemption" in res.stderr, res.stderr
     res = patchkit("traffic", "--workload", "nope")
     assert res.returncode == 2 and "no traffic workload 'nope'. Known: lemonade-3276" in res.stderr, res.stderr
     assert not (tmp_path / "traffic.json").exists()
