@@ -217,14 +217,14 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                              model_name or wl.model, tiny.sha256, side_by_side)
         say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
-    declared = shapes if shapes is not None else {"eviction": coverage_mod.EVICTION,
+    shape_set = shapes if shapes is not None else {"eviction": coverage_mod.EVICTION,
                                                   "preemption": coverage_mod.PREEMPTION}.get(applied, ())
     # the judged runs first, then the earlier starts (judged too): a shape is credited to the run
     # whose workload was designed to reach it before a start that happened to
     judged = [(f"{wl.name} run {k + 1}", r, wl) for wl, _, _, _, cand_runs in recorded for k, r in enumerate(cand_runs)]
     judged += [(f"{wl.name} run {k + 1} (start {e.attempts})", e, wl) for wl, _, _, _, cand_runs in recorded
                for k, r in enumerate(cand_runs) for e in r.earlier]
-    cov = coverage_mod.matrix(judged, tuple(declared), applied, policy) if cand_bin and declared else ()
+    cov = coverage_mod.matrix(judged, tuple(shape_set), applied, policy) if cand_bin and shape_set else ()
     pairs = coverage_mod.pair_matrix(judged, policy) if cand_bin and applied == "eviction" else ()
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
