@@ -471,15 +471,29 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promis
     # a request that needs more cells than the whole pool holds cannot complete under any strategy: it
     # must end with the context error (read from the workload, not measured: its prompt, shared by an
     # n_cmpl family, plus n_predict per member > -c)
-    too_big = {r.slot for r in wl.requests if len(r.prompt) + r.n_cmpl * r.n_predict > wl.server.ctx}
-    failed = [o for o in outs if o.outcome != "completed" and not (o.slot in too_big and o.error == EXCEEDED)]
+    too_big = {r.slot: r for r in wl.requests if len(r.prompt) + r.n_cmpl * r.n_predict > wl.server.ctx}
+
+    def filled_alone(o) -> bool:
+        # Excused only once it alone held the pool: a right preemption parks every request it can
+        # before it fails the one that cannot fit, so ending earlier is evidence (issue 34). Its
+        # members generate in step, so it held its prompt plus n_cmpl times the parent's streamed
+        # tokens, each member up to a pending token and one step short.
+        r = too_big[o.slot]
+        return len(r.prompt) + r.n_cmpl * len(o.tokens) >= wl.server.ctx - 2 * r.n_cmpl
+    failed = [o for o in outs if o.outcome != "completed"
+              and not (o.slot in too_big and o.error == EXCEEDED and filled_alone(o))]
     excused = [o.slot for o in outs if o.outcome != "completed" and o not in failed]
+    early = [o for o in failed if o.slot in too_big and o.error == EXCEEDED]
     checks = [_check("no-request-fails", not failed,
                      "; ".join(f"slot {o.slot}: {o.outcome} after {len(o.tokens)}/{o.n_predict} tokens"
-                               + (f" ({o.error})" if o.error else "") for o in failed)
+                               + (f" ({o.error})" if o.error else "")
+                               + (f": it needs more than the pool, but ended holding "
+                                  f"{len(too_big[o.slot].prompt) + too_big[o.slot].n_cmpl * len(o.tokens)} of "
+                                  f"{wl.server.ctx} cells, before it alone filled it" if o in early else "")
+                               for o in failed)
                      if failed else f"all {len(outs) - len(excused)} requests that fit the pool completed"
-                     + (f"; slot(s) {excused} need more than the whole pool and got the context error" if excused
-                        else ""))]
+                     + (f"; slot(s) {excused} need more than the whole pool and got the context error once they "
+                        "alone filled it" if excused else ""))]
     ps = m.pauses
     n = sum(len(v) for v in ps.values())
     if wl.expect.base == "all-error":

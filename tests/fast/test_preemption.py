@@ -384,3 +384,21 @@ def test_mutants_default_to_the_workloads_each_variant_names_as_its_killers():
     assert {"park-starvation-7", "park-beside-family", "park-whole-pool", "preempt-penalty-4"} <= set(park)
     assert mutate.default_workloads("park-slot", ["parks-unbounded"], ["x"]) == ["park-starvation-7"]
     assert mutate.default_workloads("evict-largest-slot", ["no-remap"], ["suite"]) == ["suite"]
+
+
+def test_a_request_bigger_than_the_pool_is_excused_only_once_it_alone_filled_it():
+    """park-beside-family: the n_cmpl = 2 family (prompt 200, 2 x 500) cannot complete in 1024
+    cells; a right preemption parks slot 2 and lets the family grow to 200 + 2 x 412 = 1024 before
+    it fails. Ending it at the first overflow (k = 241) is evidence, not the excuse (issue 34)."""
+    wl = workload.load("park-beside-family")
+
+    def ended(k):
+        o = Outcome(0, "errored", 200, measure.EXCEEDED, True, None, False, 500, tuple([7] * k), 200, 0, 0.0, 0.01, 1.0,
+                    tuple([0.5] * k))
+        ok = Outcome(2, "completed", 200, None, True, "limit", False, 300, tuple([7] * 300), 100, 300, 0.0, 0.01, 1.0,
+                     tuple([0.5] * 300))
+        r = Run("park-beside-family", (o, ok), (), (), True, True, None, 1.0, "log", pool=1024)
+        return {c.name: c for c in compare.preemption(measure.measure(r, wl), None)}["no-request-fails"]
+    assert ended(411).status == "pass" and "once they alone filled it" in ended(411).detail
+    c = ended(241)
+    assert c.status == "fail" and "ended holding 682 of 1024 cells, before it alone filled it" in c.detail, c.detail
