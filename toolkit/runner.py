@@ -115,12 +115,12 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
 LOG_CAP = 128 << 20
 
 
-def _flooded(log_path: Path) -> str | None:
+def flooded(log_path: Path) -> str | None:
     try:
         size = log_path.stat().st_size
     except OSError:
         return None
-    return (f"the server's log passed {LOG_CAP >> 20} MB while this request waited: the server loops "
+    return (f"the server's log passed {LOG_CAP >> 20} MB while requests waited: the server loops "
             "without progress") if size > LOG_CAP else None
 
 
@@ -157,7 +157,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
                 poller.start()
 
         try:
-            outcomes = exchange(ep.port, wl.requests, timeout, release=release, flood=lambda: _flooded(log_path))
+            outcomes = exchange(ep.port, wl.requests, timeout, release=release, flood=lambda: flooded(log_path))
         finally:
             stop.set()
             if poller.is_alive():
