@@ -107,6 +107,13 @@ def summary_line(res: Result) -> str:
         if of > 1 and not gone and not some:
             line += f" in each of {of} repeats"
         line += "".join(f"; {c.shape} in {c.repeats} of {of} repeats only" for c in some)
+    reachable = [c for c in res.pairs if c.shape in coverage.PAIRS]
+    if reachable:
+        gone = coverage.missed(reachable)
+        line += (f"; pairs reached {len(reachable) - len(gone)}/{len(reachable)}"
+                 + (f", not reached: {', '.join(gone)}" if gone else ""))
+        line += "".join(f"; pair argued unreachable yet reached: {c.shape}" for c in res.pairs
+                        if c.shape not in coverage.PAIRS)
     return line
 
 
@@ -230,8 +237,7 @@ def text_table(res: Result) -> str:
         lines += [f"  {c.shape:<{w}}  {c.where()}" for c in res.coverage]
         lines.append("")
     if res.pairs:
-        lines.append("pairs of the failure point (the victim's undecoded entries x a survivor's place; "
-                     "reported, not judged):")
+        lines.append("pairs of the failure point (the victim's undecoded entries x a survivor's place):")
         w = max(len(c.shape) for c in res.pairs)
         lines += [f"  {c.shape:<{w}}  {c.where()}" + ("" if c.shape in coverage.PAIRS else "  (argued unreachable)")
                   for c in res.pairs]

@@ -117,3 +117,24 @@ def test_a_pair_argued_unreachable_but_measured_is_listed(monkeypatch):
     cov = {c.shape: c for c in coverage.pair_matrix([("w run 1", None, None)])}
     assert cov["victim undecoded >1 x survivor after, undecoded 0"].by == "w run 1"
     assert "victim undecoded >1 x survivor after, undecoded 0" not in coverage.PAIRS
+
+
+def test_a_default_suite_run_that_missed_a_pair_is_inconclusive():
+    """Like a shape: the suite's PASS says the pairs were reached; a missed one is not evidence
+    against the candidate, nor a PASS."""
+    from toolkit import report, verify
+    wrs = tuple(verify.WorkloadResult(workload.load(n), (), (), None, ()) for n in verify.SUITE)
+    shapes = tuple(coverage.Reached(s, "overflow-4 run 1", 1, 1) for s in coverage.EVICTION)
+    every = tuple(coverage.Reached(p, "overflow-4 run 1", 1, 1) for p in coverage.PAIRS)
+    res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
+                        coverage=shapes, pairs=every)
+    assert res.outcome == "PASS" and "pairs reached 10/10" in report.summary_line(res)
+    missed = every[:-1] + (coverage.Reached(coverage.PAIRS[-1], None, 0, 1),)
+    res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
+                        coverage=shapes, pairs=missed)
+    assert res.ok and res.outcome == "INCONCLUSIVE"
+    assert f"pairs reached 9/10, not reached: {coverage.PAIRS[-1]}" in report.summary_line(res)
+    # a few workloads of your choice only list what they missed
+    few = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs[:3], (), "",
+                        coverage=shapes, pairs=missed)
+    assert few.outcome == "PASS"
