@@ -143,20 +143,11 @@ def overflow_pairs(ev: measure.Overflow) -> set[str]:
 
 
 def pair_matrix(runs: list[tuple[str, Run, Workload]], policy: str = "largest") -> tuple[Reached, ...]:
-    """Each reachable pair with the first run that reached it and in how many repeats (as matrix)."""
-    first: dict[str, str] = {}
-    seen: dict[str, set[int]] = {}
-    repeats: set[int] = set()
-    for label, run, wl in runs:
-        m = re.search(r" run (\d+)", label)
-        k = int(m.group(1)) if m else 1
-        repeats.add(k)
-        for ev in measure.overflows(run, wl, policy):
-            for p in sorted(overflow_pairs(ev)):
-                first.setdefault(p, label)
-                seen.setdefault(p, set()).add(k)
-    unreachable = sorted(set(first) - set(PAIRS))   # a pair argued impossible, measured: the argument is wrong
-    return tuple(Reached(p, first.get(p), len(seen.get(p, ())), len(repeats)) for p in (*PAIRS, *unreachable))
+    """Each reachable pair with the first run that reached it and in how many repeats (as matrix);
+    then any pair argued unreachable that a run reached (the argument would be wrong)."""
+    got = _tally(runs, lambda run, wl: set().union(*(overflow_pairs(ev) for ev in measure.overflows(run, wl, policy))))
+    unreachable = sorted(set(got[0]) - set(PAIRS))
+    return _reached((*PAIRS, *unreachable), *got)
 
 
 def pause_shapes(run: Run) -> set[str]:
@@ -183,6 +174,11 @@ def matrix(runs: list[tuple[str, Run, Workload]], declared: tuple[str, ...], exp
     """Each declared cell with the first run (by label) that reached it, in declared order, and in
     how many of the suite's repeats it was reached (label "<workload> run <k>[ (start n)]": run k
     of every workload is repeat k; an earlier start counts for its run's repeat)."""
+    return _reached(declared, *_tally(runs, lambda run, wl: run_shapes(run, wl, expect, policy)))
+
+
+def _tally(runs, cells_of) -> tuple[dict[str, str], dict[str, set[int]], set[int]]:
+    """(first run label per cell, the repeats that reached each cell, every repeat seen)."""
     first: dict[str, str] = {}
     seen: dict[str, set[int]] = {}
     repeats: set[int] = set()
@@ -190,10 +186,14 @@ def matrix(runs: list[tuple[str, Run, Workload]], declared: tuple[str, ...], exp
         m = re.search(r" run (\d+)", label)
         k = int(m.group(1)) if m else 1
         repeats.add(k)
-        for s in sorted(run_shapes(run, wl, expect, policy)):
+        for s in sorted(cells_of(run, wl)):
             first.setdefault(s, label)
             seen.setdefault(s, set()).add(k)
-    return tuple(Reached(s, first.get(s), len(seen.get(s, ())), len(repeats)) for s in declared)
+    return first, seen, repeats
+
+
+def _reached(cells, first, seen, repeats) -> tuple[Reached, ...]:
+    return tuple(Reached(s, first.get(s), len(seen.get(s, ())), len(repeats)) for s in cells)
 
 
 def missed(cov: tuple[Reached, ...]) -> list[str]:

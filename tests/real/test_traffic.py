@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 
-from toolkit import source
+import git
+
+from toolkit import apply, source
 
 from .conftest import clone
 
@@ -112,6 +114,25 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
     _, cand = sides(json.loads(res.stdout), "resend-together")
     assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
     assert all(a["ok"] for a in cand["attempts"]) and cand["pressure"] > 0, cand["attempts"]
+
+
+def test_a_reviewers_patch_file_and_a_commit_merged_into_the_base(c2, c2_patched, tmp_path):
+    """The reviewer's two ways to hand over a change that is not a series: a diff file, and a
+    commit merged into the base. Both are the default patch's tree (one cached binary); neither
+    carries a trailer, so its promise is recognised from its code."""
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    cand, _ = apply.candidate_commit(repo, base)
+    (tmp_path / "fix.patch").write_text(repo.git.diff(base, cand) + "\n")
+    for how, what in (("--patch-file", str(tmp_path / "fix.patch")), ("--commit", cand)):
+        out = tmp_path / how.strip("-")
+        res = patchkit("traffic", how, what, "--workload", "rude-clients", "--candidate-only", "--json",
+                       "--report-dir", str(out))
+        assert res.returncode == 0, (how, res.stderr[-3000:], res.stdout[-2000:])
+        doc = json.loads(res.stdout)
+        assert doc["candidate_label"].startswith("patch file fix.patch" if how == "--patch-file" else "commit "), doc
+        assert "code: evict-largest-slot's definitions" in doc["promises"], doc["promises"]
+        assert doc["outcome"] == "PASS" and doc["promise"] == "one-victim-per-overflow"
 
 
 def test_refusals_name_the_conflict_and_build_nothing(tmp_path):
