@@ -151,3 +151,18 @@ def test_a_foreign_park_that_declares_park_slots_promises_gets_its_checks(c2, c2
     assert [k for k, v in c.items() if v["status"] == "fail"] == ["parks-bounded"], c
     assert "slot 0 parked a 4th time at step" in c["parks-bounded"]["detail"]
     assert rep["promises"].endswith(f"(park-slot, file {tmp_path / 'promises.toml'})"), rep["promises"]
+
+
+def test_a_recompute_that_declares_exact_cells_is_held_to_them(c2, c2_base, tmp_path):
+    """recompute-prefill-slot decodes its pending token with the history: one cell more than at the
+    park, right by the property (it PASSES as itself). Declaring recompute-slot's promise (the
+    cells it held, exactly), the same code FAILS on resumes-where-paused alone: the promise is what
+    is judged, whoever declares it."""
+    (tmp_path / "exact.toml").write_text('like = "recompute-slot"\n')
+    res = patchkit("verify", "--patch", "recompute-prefill-slot", "--workload", "overflow-4", "--promises",
+                   str(tmp_path / "exact.toml"), "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    c = checks(json.loads((tmp_path / "r" / "report.json").read_text()))
+    assert [k for k, v in c.items() if v["status"] == "fail"] == ["resumes-where-paused"], c
+    assert re.search(r"paused holding (\d+) cells, resumed holding (\d+) \(promised: the cells it held when it paused "
+                     r"\(its series' promise\)\)", c["resumes-where-paused"]["detail"]), c
