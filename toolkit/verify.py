@@ -200,8 +200,14 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     applied, why, base_evicts = expectations(expect, measured, candidate_label if evicting_patch else None,
                                              patch_expect)
     # what the candidate promises besides the property (promises.py; a foreign candidate: nothing)
-    own = (declared.own if declared else compare.NONE if not evicting_patch
-           else promises.of_family(family, policy, "", candidate_env).own if family else compare.NONE)
+    if declared is None and evicting_patch and candidate_commit:
+        # patchkit's series named by its family (its promises), or unnamed (the operator schema):
+        # the promises of its expectation
+        declared = (promises.of_family(family, policy, "its family", candidate_env) if family else promises.Declared(
+            patch_expect, policy, compare.Promises(witness=patch_expect == "eviction",
+                                                   park_bound=measure.PARK_BOUND if patch_expect == "preemption" else 0),
+            "", "patchkit's series"))
+    own = declared.own if declared else compare.NONE
     base_reference = base_reference or base_evicts
     say(f"expectations: {applied} ({why})")
     results = []
@@ -233,9 +239,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
                   applied, why, coverage=cov, pairs=pairs, own=evicting_patch or declared is not None or not candidate_commit,
-                  sensitivity=sens, promises=declared.text if declared else
-                  promises.of_family(family, policy, "its family", candidate_env).text
-                  if evicting_patch and family and candidate_commit else "")
+                  sensitivity=sens, promises=declared.text if declared else "")
 
 
 def idle_timeout(control: Run | None, floor: float = 30.0, default: float = 120.0) -> float:
