@@ -492,8 +492,12 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promis
                                   f"{wl.server.ctx} cells, before it alone filled it" if o in early else "")
                                for o in failed)
                      if failed else f"all {len(outs) - len(excused)} requests that fit the pool completed"
-                     + (f"; slot(s) {excused} need more than the whole pool and got the context error once they "
-                        "alone filled it" if excused else ""))]
+                     + "".join(f"; slot {k} " + (
+                         "needs more than the whole pool (no strategy completes it)" if too_big[k].n_cmpl == 1 else
+                         f"is an n_cmpl = {too_big[k].n_cmpl} family bigger than the pool together: excused as a "
+                         "limit of this design, not as impossible (its members could run one after another, but a "
+                         "family member is never parked: they share the parent's cells)")
+                         + "; it got the context error once it alone filled the pool" for k in excused))]
     ps = m.pauses
     n = sum(len(v) for v in ps.values())
     if wl.expect.base == "all-error":

@@ -148,7 +148,7 @@ def test_a_parked_request_is_spared_when_nobody_is_left_to_park(c2, c2_base, tmp
     outs = {o.slot: o for o in res.results[0].candidate[0].outcomes}
     assert outs[0].outcome == "errored" and outs[2].outcome == "completed", outs
     assert [p.resumed for p in measure.pauses(res.results[0].candidate[0])[2]] == [True]
-    assert "slot(s) [0] need more than the whole pool" in checks(res.results[0])["no-request-fails"].detail
+    assert "slot 0 is an n_cmpl = 2 family bigger than the pool together" in checks(res.results[0])["no-request-fails"].detail
     k = broken(c2, tmp_path / "v", "park-slot", "parked-not-spared", "park-beside-family")
     assert re.search(r"slot 2: errored after \d+/300 tokens \(Context size has been exceeded\.\)",
                      k["no-request-fails"]), k
