@@ -45,19 +45,7 @@ def candidates(repo: git.Repo, base: str) -> dict[str, str]:
     j = text.index(SEND, i)
     unavailable = (text[:i] + 'const std::string err = "slot evicted: the KV cache is full, retry later";'
                    + text[i + len(SAID):j] + "send_error(slot, err, ERROR_TYPE_UNAVAILABLE);" + text[j + len(SEND):])
-    idx = Path(repo.git_dir) / "pk-bench-index"
-    env = {"GIT_INDEX_FILE": str(idx)}
-    repo.git.read_tree(base, env=env)
-    tmp = Path(repo.git_dir) / "pk-bench-blob"
-    tmp.write_text(unavailable)
-    blob = repo.git.hash_object("-w", str(tmp))
-    repo.git.update_index("--add", "--cacheinfo", f"100644,{blob},{an.file}", env=env)
-    tree = repo.git.write_tree(env=env)
-    who = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com", "GIT_COMMITTER_NAME": "bench",
-           "GIT_COMMITTER_EMAIL": "bench@example.com"}
-    other = repo.git.commit_tree(tree, "-p", base, "-m", "server: evict one slot, answer it 503", env=who)
-    tmp.unlink()
-    idx.unlink()
+    other = apply.commit_text(repo, base, an.file, unavailable.encode(), "server: evict one slot, answer it 503")
     return {"500": right, "503": other}
 
 
