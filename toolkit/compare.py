@@ -353,7 +353,7 @@ EXPECTATIONS = ("eviction", "preemption", "no-regression")
 
 # Checks that say whether a run had the shape its workload is designed for: the reason a start is
 # made again, so an earlier start is not failed by them (it is judged by everything else).
-SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "designed-shape")
+SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "victim-straddled", "designed-shape")
 
 
 @dataclass(frozen=True)

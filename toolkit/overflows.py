@@ -410,6 +410,21 @@ def prompt_not_largest(ev: Overflow) -> tuple[bool, str]:
                 + ("" if ok else ": the same slot, a victim chosen by prompt length cannot show"))
 
 
+def straddled(ev: Overflow) -> tuple[bool, str]:
+    """Was the policy's victim's entry undecoded while one survivor's entry before it was decoded
+    and another's before it was not (0 < off < its position)? Both pairs of an undecoded victim
+    with a survivor before it, in one overflow (coverage.PAIRS)."""
+    if len(ev.expected) != 1 or ev.at(ev.expected[0]) is None:
+        return False, f"the policy's victim is not unique: {list(ev.expected)}"
+    v = ev.at(ev.expected[0])
+    before = [s for s in ev.in_play if s.position < v.position and s.phase == "generating"]
+    ok = (ev.full and v.position >= ev.off and any(s.position < ev.off for s in before)
+          and any(s.position >= ev.off for s in before))
+    return ok, (f"policy's victim slot {v.slot} at batch position {v.position}, failure at off {ev.off}, survivors "
+                f"before it at {sorted(s.position for s in before)}: "
+                + ("one decoded and one not" if ok else "not one decoded and one not"))
+
+
 def designed(ev: Overflow, wl: Workload) -> list[tuple[str, bool, str]]:
     """The shapes `wl` is designed to judge, measured on its overflow: (check name, held, why)."""
     out = []
@@ -419,6 +434,8 @@ def designed(ev: Overflow, wl: Workload) -> list[tuple[str, bool, str]]:
         out.append(("victim-entry-decoded", *decoded_first(ev)))
     elif wl.expect.shape == "prompt-not-largest":
         out.append(("cells-not-prompt", *prompt_not_largest(ev)))
+    elif wl.expect.shape == "straddled":
+        out.append(("victim-straddled", *straddled(ev)))
     return out
 
 

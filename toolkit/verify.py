@@ -291,7 +291,7 @@ REAL_SUITE = ["text-overflow-4"]
 # The default suite, in the order that shows the most first. Every workload that kills a mutant or
 # reaches a shape of the failure point (coverage.py) is here: a default PASS is the proof.
 SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-first", "victim-middle",
-         "victim-decoded", "victim-decoded-middle", "cells-not-prompt", "two-overflows", "two-slots", "prompt-victim",
+         "victim-decoded", "victim-decoded-middle", "victim-straddled", "cells-not-prompt", "two-overflows", "two-slots", "prompt-victim",
          "prompt-victim-decoded", "prompt-survivor", "prompt-survivor-decoded", "prompt-survivor-full",
          "stateful-4", "swa-overflow-4", "hybrid-overflow-4", "fits", "single-slot", "park-whole-pool",
          "many-resumes-8", "park-starvation-7"]

@@ -102,6 +102,7 @@ class Expect:
     #   "decoded": the victim's entry was decoded before the pool ran out (off > its batch position):
     #              nothing may move, entries below off above all
     #   "prompt-not-largest": the slot holding the most cells is not the one with the longest prompt
+    #   "straddled": the victim's entry undecoded, one survivor's before it decoded, one's not (0 < off)
     shape: str = ""
     victims: int = 1                # overflows by design (each with one victim): the sizing's arithmetic
 
