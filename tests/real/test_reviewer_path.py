@@ -70,8 +70,10 @@ def test_repro_of_a_change_of_your_own_passes_in_a_fresh_home(c2, c2_patched, tm
     out, err = run.stdout, run.stderr
     assert run.returncode == 0, out[-3000:] + err[-3000:]
     assert "candidate" in err and "patch file candidate.patch" in err, err[-3000:]
-    # judged by what it measurably does, like any foreign candidate: it evicts
-    assert "expectations: eviction (auto: the candidate evicts (measured" in err, err[-3000:]
+    # patchkit's eviction committed by hand: recognised by its code, held to the series' promises
+    assert ("promises: eviction, policy largest; one log line per eviction (evict-largest-slot, code: "
+            "evict-largest-slot's definitions") in err, err[-3000:]
+    assert "expectations: eviction (auto: the candidate is patch file candidate.patch)" in err, err[-3000:]
     assert "overflow-4: ok" in out and out.strip().endswith("PASS"), out[-3000:]
     assert not llama_servers()
 
@@ -92,13 +94,11 @@ def test_verify_takes_a_diff_a_commit_and_a_named_patch_on_c2(c2, c2_patched, tm
         want = {"--patch-file": "patch file fix.diff", "--commit": "merged into base",
                 "--patch": "patch evict-largest-slot"}[args[0]]
         assert want in rep["candidate"], rep["candidate"]
-        # a change that is not patchkit's has no policy but what it measurably did (issue 28)
-        if args[0] == "--patch":
-            assert rep["policy"] == "largest"
-        else:
-            assert rep["policy"] is None
-            assert rep["policy_measured"] == "measured: its victim held the most cells in 1 of 1 evictions, the " \
-                                             "fewest in 0", rep["policy_measured"]
+        # patchkit's eviction committed by hand is recognised by its code (issue 34): its policy is its
+        # promise whichever way it came; what it did is still measured beside it
+        assert rep["policy"] == "largest"
+        if args[0] != "--patch":
+            assert "code: evict-largest-slot's definitions" in rep["promises"], rep["promises"]
         # the candidate is the same tree each time: one binary, never a rebuild
         assert git.Repo(T).commit(rep["candidate_commit"]).tree.hexsha == git.Repo(c2.path).commit(
             c2_patched.commit).tree.hexsha
