@@ -489,7 +489,6 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
       patchkit traffic --repo ~/llama.cpp --base main --candidate my-branch --report-dir out
     """
     from . import build as build_mod
-    from . import patch as patch_mod
     from . import verify as pipeline
     from .cli import OUTCOME_EXIT
 
@@ -514,9 +513,8 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
         cand_bin = build_mod.build(r, cand, progress=ui.progress).binary
     # its promise (promises.py): a preemption ends no request; an eviction, or a candidate that
     # promises nothing, one request per overflow (the property every eviction keeps)
-    rendered = not (candidate_ref or patch_file or commit)
     declared = promises.of_candidate(r, base, cand, declared=promises_file, within=pipeline.SERIES_DEPTH,
-                                     family=(patch_name or patch_mod.DEFAULT_PATCH) if rendered else None)
+                                     family=promises.rendered_family(patch_name, candidate_ref, patch_file, commit))
     ui.say("promises: " + (declared.text if declared else "none found: one request ended per overflow at most"))
     promise = "preemption" if declared and declared.expect == "preemption" else "one-victim"
     out_dir = (report_dir or Path("patchkit-traffic")).resolve()

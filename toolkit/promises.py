@@ -127,12 +127,13 @@ def load(path: Path, env: dict[str, str] | None = None) -> Declared:
     return Declared(expect, pick("policy", policies) or base.policy, own, base.family, f"file {path}")
 
 
-def trailer(repo: git.Repo, base: str, commit: str, within: int) -> tuple[str, str] | None:
-    """(family, policy) from the nearest Patchkit-Patch trailer below `commit` and above `base`, for
-    families this patchkit has; None when no commit names one."""
+def trailer(repo: git.Repo, base: str | None, commit: str, within: int) -> tuple[str, str] | None:
+    """(family, policy) from the nearest Patchkit-Patch trailer below `commit` (and above `base`,
+    when given), for families this patchkit has; None when no commit names one (a trailer is a
+    claim in a commit message, not a family: the first one that is not ours ends the search)."""
     from .apply import TRAILER_PATCH
 
-    for c in repo.iter_commits(f"{base}..{commit}", max_count=within, first_parent=True):
+    for c in repo.iter_commits(f"{base}..{commit}" if base else commit, max_count=within, first_parent=True):
         m = re.search(rf"^{TRAILER_PATCH}: (\S+)(?:.*\bpolicy=(\S+))?", c.message, re.M)
         if m:
             return (m.group(1), m.group(2) or "largest") if m.group(1) in patch_mod.families() else None
@@ -171,10 +172,16 @@ def _text(repo: git.Repo, commit: str, path: str) -> str:
         return ""
 
 
+def rendered_family(patch_name: str | None, candidate_ref, patch_file, commit) -> str | None:
+    """The family a command renders its candidate from (--patch, or the default patch when no other
+    candidate option is given); None for a candidate that came as a ref, a patch file or a commit."""
+    return None if (candidate_ref or patch_file or commit) else (patch_name or patch_mod.DEFAULT_PATCH)
+
+
 def of_candidate(repo: git.Repo, base: str, cand: str, *, declared: Path | None = None, family: str | None = None,
                  policy: str = "largest", within: int = 50) -> Declared | None:
     """The candidate's promises, from the first source that has them (module docstring).
-    `family`: the candidate was rendered here from that family (--patch): its promises, `policy`."""
+    `family`: the candidate was rendered here from that family (rendered_family): its promises, `policy`."""
     if declared:
         return load(declared)
     if family:

@@ -362,16 +362,9 @@ def refuse_vacuous(repo: git.Repo, base: str, base_why: str, cand: str, cand_why
 
 def series_patch(repo: git.Repo, commit: str) -> str | None:
     """The patch family a patchkit series below `commit` was rendered from (its trailer); None
-    when no commit names one of the families this patchkit has (a trailer is a claim in a
-    commit message, not a family: the first one that is not ours ends the search)."""
-    from .apply import TRAILER_PATCH
-    from .patch import families
-
-    for c in repo.iter_commits(commit, max_count=SERIES_DEPTH, first_parent=True):
-        m = re.search(rf"^{TRAILER_PATCH}: (\S+)", c.message, re.M)
-        if m:
-            return m.group(1) if m.group(1) in families() else None
-    return None
+    when no commit names one of the families this patchkit has."""
+    found = promises.trailer(repo, None, commit, SERIES_DEPTH)
+    return found[0] if found else None
 
 
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
@@ -405,10 +398,8 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
     # what the candidate promises beyond the property: declared, its trailer, or its code (promises.py)
     declared = None
     if cand:
-        rendered = not (candidate_ref or patch_file or commit)
-        declared = promises.of_candidate(repo, base, cand, declared=promises_file,
-                                         family=(patch_name or patch_mod.DEFAULT_PATCH) if rendered else None,
-                                         policy=policy, within=SERIES_DEPTH)
+        declared = promises.of_candidate(repo, base, cand, declared=promises_file, policy=policy, within=SERIES_DEPTH,
+                                         family=promises.rendered_family(patch_name, candidate_ref, patch_file, commit))
         ui.say("promises: " + (declared.text if declared else "none found (no declaration, trailer or patchkit code): "
                                "judged on the property alone"))
     with ui.step("builds and workloads"):
