@@ -119,9 +119,9 @@ def test_a_pair_argued_unreachable_but_measured_is_listed(monkeypatch):
     assert "victim undecoded >1 x survivor after, undecoded 0" not in coverage.PAIRS
 
 
-def test_a_default_suite_run_that_missed_a_pair_is_inconclusive():
-    """Like a shape: the suite's PASS says the pairs were reached; a missed one is not evidence
-    against the candidate, nor a PASS."""
+def test_a_default_suite_run_that_missed_a_pair_says_so():
+    """The summary names a missed pair; the outcome does not rest on it yet (prompt-victim's offset
+    still depends on when its requests arrive)."""
     from toolkit import report, verify
     wrs = tuple(verify.WorkloadResult(workload.load(n), (), (), None, ()) for n in verify.SUITE)
     shapes = tuple(coverage.Reached(s, "overflow-4 run 1", 1, 1) for s in coverage.EVICTION)
@@ -132,9 +132,9 @@ def test_a_default_suite_run_that_missed_a_pair_is_inconclusive():
     missed = every[:-1] + (coverage.Reached(coverage.PAIRS[-1], None, 0, 1),)
     res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
                         coverage=shapes, pairs=missed)
-    assert res.ok and res.outcome == "INCONCLUSIVE"
+    assert res.ok and res.outcome == "PASS"
     assert f"pairs reached 9/10, not reached: {coverage.PAIRS[-1]}" in report.summary_line(res)
-    # a few workloads of your choice only list what they missed
-    few = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs[:3], (), "",
-                        coverage=shapes, pairs=missed)
-    assert few.outcome == "PASS"
+    # a missed shape still makes the suite INCONCLUSIVE
+    res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
+                        coverage=shapes[:-1] + (coverage.Reached(shapes[-1].shape, None, 0, 1),), pairs=every)
+    assert res.outcome == "INCONCLUSIVE"
