@@ -48,9 +48,11 @@ from .ui import UI, help_list
 @click.option("--merge", "merge_dirs", multiple=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Join the shards of one --operators campaign: each a report dir holding its operators.json "
               "(repeatable). Writes the merged operators.json to --report-dir; builds and runs nothing.")
+@model_option("Serve this model for every workload (default: each workload's own, the witness); "
+              "`--model tiny` measures what the campaign killed before the witness.")
 @click.option("--json", "as_json", is_flag=True)
 def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir, list_only, operators, sample_n,
-                seed, shard, merge_dirs, as_json) -> None:
+                seed, shard, merge_dirs, model_name, as_json) -> None:
     """Run the mutation campaign: how many wrong patches does the verdict kill?
 
     Each mutant is the rendered eviction patch with one edit (a wrong victim
@@ -67,6 +69,7 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
       patchkit mutants                                   # default tree, whole catalog
       patchkit mutants --repo T --mutant victim-by-prompt --mutant entries-kept --json
       patchkit mutants --patch park-slot --repeat 3       # the preemption patch's broken variants
+      patchkit mutants --model tiny --report-dir before   # what a model blind to the cells kills
       patchkit mutants --operators --shard 2/4 --report-dir s2   # one job of a CI matrix ...
       patchkit mutants --merge s1 --merge s2 --merge s3 --merge s4 --report-dir all   # ... and the join
     """
@@ -115,16 +118,16 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
             raise UsageError(f"--shard takes K/N with 1 <= K <= N (e.g. 2/4), not '{shard}'.")
         camp = mutate.operator_campaign(r, base, wls, sample_n=sample_n, seed=seed, shard=(k, n),
                                         out_dir=out_dir / "logs", say=ui.say, progress=ui.progress,
-                                        patch_name=patch_name)
+                                        patch_name=patch_name, model_name=model_name)
         doc = mutate.operator_doc(camp)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "operators.json").write_text(json.dumps(doc, indent=2))
         emit_json(doc) if as_json else click.echo(mutate.operator_table(camp))
         sys.exit(0 if not camp.alive else 1)
     res = mutate.campaign(r, base, list(names or cat), wls, repeat=repeat, out_dir=out_dir / "logs", say=ui.say,
-                          progress=ui.progress, patch_name=patch_name)
+                          progress=ui.progress, patch_name=patch_name, model_name=model_name)
     killed, judged = mutate.score(res)
-    doc = {"base": base, "score": {"killed": killed, "judged": judged}, "mutants": [asdict(x) for x in res]}
+    doc = {"base": base, "model": model_name or "", "score": {"killed": killed, "judged": judged}, "mutants": [asdict(x) for x in res]}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "mutants.json").write_text(json.dumps(doc, indent=2))
     if as_json:
@@ -156,6 +159,11 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
 @click.option("--candidate-promises", "cand_promises", multiple=True, metavar="REF=FILE", help="What that candidate "
               "promises beyond the property (a promises file, docs/commands.md 'Promises'): judged as patchkit's "
               "own series that promise the same. Without it: its trailer, or patchkit's code recognised in it.")
+@click.option("--traffic", "traffic_names", multiple=True, metavar="NAME", help="Also serve this traffic workload "
+              "(a name or .toml path, as `patchkit traffic --workload` takes: chat sessions through the official `openai` "
+              "client on upstream's defaults) "
+              "on every row, repeatable: per strategy, goodput, p99 latency, runs with every turn exact and failed "
+              "attempts, each turn against its solo control. Served by the traffic's own model.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50), help="Runs per strategy and "
               "workload: the table gives each figure's median and range, and names a faster strategy only where "
               "every run of it beat every run of the other (a rank test; 3 runs each at least).")
@@ -165,7 +173,7 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
               show_default=True, help="Where report.json/md/html (table and chart) and the server logs go.")
 @click.option("--json", "as_json", is_flag=True)
 def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, cand_envs, cand_args, cand_promises,
-                repeat, markdown_path, report_dir, as_json) -> None:
+                traffic_names, repeat, markdown_path, report_dir, as_json) -> None:
     """Referee every answer to a full KV cache on the same workloads: terminate, park, recompute.
 
     Each strategy is one patch family (patches/) with a victim policy, rendered on the base
@@ -181,8 +189,11 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, ca
       patchkit referee
       patchkit referee --strategy park:largest --strategy recompute:largest --workload overflow-4
       patchkit referee --model smollm2 --json
+      patchkit referee --strategy base --strategy terminate:largest --strategy park:largest \\
+          --workload overflow-4 --traffic lmstudio-1757 --repeat 5   # the users' traffic, ranked
     """
     from . import referee as ref_mod
+    from . import traffic as traffic_mod
 
     ui = UI(quiet=as_json)
     r = open_repo(repo, ui)
@@ -210,16 +221,18 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, ca
         declared[ref] = Path(path)
         promises.load(declared[ref])   # a bad file is refused before anything is built
     wls = [workload.load(w) for w in (workloads or ref_mod.DEFAULT_WORKLOADS)]
+    traffics = tuple(traffic_mod.load(n) for n in traffic_names)   # a bad name is refused before any build
     out_dir = report_dir.resolve()
     command = "patchkit referee " + shlex.join(
         [*(("--repo", repo) if repo else ()), "--base", base, *(a for e in entries for a in ("--strategy", e.label)),
          *(a for w in wls for a in ("--workload", w.name)), *(("--model", model_name) if model_name else ()),
          *(a for ref in cand_refs for a in ("--candidate", ref)), *(a for x in cand_envs for a in ("--candidate-env", x)),
          *(a for x in cand_args for a in ("--candidate-args", x)),
-         *(a for x in cand_promises for a in ("--candidate-promises", x)), "--repeat", str(repeat)])
+         *(a for x in cand_promises for a in ("--candidate-promises", x)),
+         *(a for t in traffics for a in ("--traffic", t.name)), "--repeat", str(repeat)])
     table = ref_mod.referee(r, base, entries, wls, model_name=model_name, out_dir=out_dir / "logs", say=ui.say,
                             progress=ui.progress, candidates=tuple((ref, envs[ref], flags[ref]) for ref in cand_refs),
-                            declared=declared,
+                            declared=declared, traffics=traffics,
                             repeat=repeat, command=command)
     paths = ref_mod.write(table, out_dir, markdown_path.resolve() if markdown_path else None)
     if as_json:
@@ -227,7 +240,8 @@ def referee_cmd(repo, base_ref, strategies, workloads, model_name, cand_refs, ca
     else:
         click.echo(ref_mod.markdown(table))
         click.echo("reports: " + " ".join(str(p) for p in paths.values()))
-    sys.exit(0 if all(row.verdict != "FAIL" for row in table.rows) else 1)
+    sys.exit(0 if all(row.verdict != "FAIL" for row in table.rows)
+             and all(r.outcome != "FAIL" for tt in table.traffic for r in tt.rows) else 1)
 
 
 @cli.command("export")

@@ -160,7 +160,7 @@ def one_victim(m: Measured, witness_expected: bool = False) -> list[Check]:
                   for e in evs) or "no eviction measured"))
     checks.append(witness(m, witness_expected))
     checks.append(victim_stops(m))
-    if wl.expect.shift or wl.expect.shape:
+    if wl.expect.shift or wl.expect.shape or wl.expect.pairs:
         if policy != "largest":
             checks.append(Check("designed-shape", "skip", f"this workload's shape is designed for the largest "
                                 f"policy; under {policy} only its overflow is judged"))
@@ -353,7 +353,8 @@ EXPECTATIONS = ("eviction", "preemption", "no-regression")
 
 # Checks that say whether a run had the shape its workload is designed for: the reason a start is
 # made again, so an earlier start is not failed by them (it is judged by everything else).
-SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "victim-straddled", "designed-shape")
+SHAPE_CHECKS = ("shift-exercised", "victim-entry-decoded", "cells-not-prompt", "victim-straddled", "designed-pairs",
+                "designed-shape")
 
 
 @dataclass(frozen=True)

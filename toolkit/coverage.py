@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from . import measure
+from .overflows import PAIRS, PAIRS_ALL, overflow_pairs  # noqa: F401 (the coverage tables' names)
 from .record import Run
 from .workload import Workload
 
@@ -97,49 +98,8 @@ def overflow_shapes(ev: measure.Overflow) -> set[str]:
     return out
 
 
-# Pairs (issue 34): the index arithmetic depends on combinations, not on each dimension alone: how
-# many entries the victim had undecoded (what the surgery removes), together with where a
-# survivor's entry sits relative to the victim's (after: its index shifts by them) and whether
-# that entry was decoded yet. "victim undecoded V x survivor before|after, undecoded S".
-PAIRS_ALL = tuple(f"victim undecoded {v} x survivor {where}, undecoded {s}"
-                  for v in ("0", "1", ">1") for where in ("before", "after") for s in ("0", "1", ">1"))
-# The pairs the server's batch can hold and the log can tell apart. llama.cpp's server puts every
-# generating slot's one entry first, then prompt chunks; a slot's entries are contiguous and the
-# failing batch's entries from `off` on are not decoded. So: a survivor before a victim that had
-# none undecoded was decoded too; a survivor after a victim with undecoded entries is undecoded
-# too; more than one undecoded entry is a prompt chunk, at the batch's end, and two prompts in one
-# batch are not told apart (overflow_shapes). 10 of the 18 remain (docs/DESIGN.md, section 11b).
-PAIRS = tuple(p for p in PAIRS_ALL if p in {
-    "victim undecoded 0 x survivor before, undecoded 0", "victim undecoded 0 x survivor after, undecoded 0",
-    "victim undecoded 0 x survivor after, undecoded 1", "victim undecoded 0 x survivor after, undecoded >1",
-    "victim undecoded 1 x survivor before, undecoded 0", "victim undecoded 1 x survivor before, undecoded 1",
-    "victim undecoded 1 x survivor after, undecoded 1", "victim undecoded 1 x survivor after, undecoded >1",
-    "victim undecoded >1 x survivor before, undecoded 0", "victim undecoded >1 x survivor before, undecoded 1"})
-
-
-def overflow_pairs(ev: measure.Overflow) -> set[str]:
-    """The pairs one measured overflow reached (the victim as in overflow_shapes)."""
-    victim_slot = ev.terminated[0] if len(ev.terminated) == 1 else (ev.expected[0] if len(ev.expected) == 1 else None)
-    v = ev.at(victim_slot) if victim_slot is not None else None
-    if v is None:
-        return set()
-    prompting = [s for s in ev.in_play if s.phase == "prompt"]
-
-    def undecoded(s: measure.SlotAt) -> str | None:
-        if s.phase == "generating":
-            return "1" if s.position >= ev.off else "0"
-        if len(prompting) != 1:
-            return None
-        n = max(0, ev.entries - max(ev.off, s.position))
-        return ">1" if n > 1 else str(n)
-    nv = undecoded(v)
-    out = set()
-    for s in ev.in_play:
-        ns = undecoded(s) if s.slot != v.slot else None
-        if nv is not None and ns is not None:
-            out.add(f"victim undecoded {nv} x survivor {'before' if s.position < v.position else 'after'}, "
-                    f"undecoded {ns}")
-    return out
+# Pairs (issue 34): overflows.py defines them (a pair is a property of one overflow, and a workload
+# may be designed to reach one: overflows.designed).
 
 
 def pair_matrix(runs: list[tuple[str, Run, Workload]], policy: str = "largest") -> tuple[Reached, ...]:

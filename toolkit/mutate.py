@@ -85,7 +85,8 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
                right_tree, layout: str, opts: build_mod.Options, out_dir: Path, reuse: dict,
                say: Callable[[str], None], progress: Callable[[str], None],
                patch_name: str = patch_mod.DEFAULT_PATCH,
-               judges: tuple[str, ...] = ("static", "property", "suite")) -> MutantResult:
+               judges: tuple[str, ...] = ("static", "property", "suite"),
+               model_name: str | None = None) -> MutantResult:
     """One mutant, judged by `judges` (all three for the campaign; a test may ask for one). The
     static checks and the property harness read the eviction patch's code: a preemption patch's
     variants are judged by the suite (its own expectations) alone."""
@@ -121,7 +122,7 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
                                        opts=opts, candidate_label=f"mutant {name}", layout=layout,
                                        expect=expect, evicting_patch=True, patch_expect=expect,
                                        reuse=reuse, say=say, progress=progress, family=patch_name,
-                                       candidate_env=meta.get("env"))
+                                       candidate_env=meta.get("env"), model_name=model_name)
         except BuildError as e:
             return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
         for wr in res.results:
@@ -135,7 +136,7 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
 
 def campaign(repo: git.Repo, base: str, names: list[str], workloads: list[Workload], *, repeat: int = 1,
              opts: build_mod.Options = build_mod.Options(), out_dir: Path, say=print, progress=lambda s: None,
-             patch_name: str = patch_mod.DEFAULT_PATCH) -> tuple[MutantResult, ...]:
+             patch_name: str = patch_mod.DEFAULT_PATCH, model_name: str | None = None) -> tuple[MutantResult, ...]:
     cat = catalog(patch_name)
     unknown = [n for n in names if n not in cat]
     if unknown:
@@ -149,7 +150,7 @@ def campaign(repo: git.Repo, base: str, names: list[str], workloads: list[Worklo
         say(f"==> mutant {k}/{len(names)}: {name} ({cat[name].get('what', '')})")
         r = run_mutant(repo, base, name, cat[name], workloads, repeat=repeat, right_tree=repo.commit(right).tree,
                        layout=layout, opts=opts, out_dir=out_dir, reuse=reuse, say=say, progress=progress,
-                       patch_name=patch_name)
+                       patch_name=patch_name, model_name=model_name)
         first = r.kills[0] if r.kills else None
         say(f"    {name}: {r.status}" + (f" by {first.check} ({first.where})" if first else "") + f", {r.seconds:.0f} s")
         out.append(r)
@@ -217,6 +218,7 @@ class OperatorCampaign:
     schema_build_s: float       # the one compile (with its stillborn retries) and link
     seconds: float
     tce: str = ""               # how trivial compiler equivalence was measured, or why it was not
+    model: str = ""             # what served the workloads (--model; "" = each workload's own, the witness)
 
     @property
     def killed(self) -> int:
@@ -229,7 +231,8 @@ class OperatorCampaign:
 
 def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, sample_n: int | None = None,
                       seed: int = 0, shard: tuple[int, int] = (1, 1), out_dir: Path, say=print,
-                      progress=lambda s: None, patch_name: str = patch_mod.DEFAULT_PATCH) -> OperatorCampaign:
+                      progress=lambda s: None, patch_name: str = patch_mod.DEFAULT_PATCH,
+                      model_name: str | None = None) -> OperatorCampaign:
     """Every operator mutant of the lines `patch_name` adds (toolkit/operators.py), compiled into
     ONE schema binary, each selected at run time and judged by the workloads in order, stopping at
     the first failed check. `sample_n`/`seed`: a seeded sample; `shard` (k, n): every n-th from k."""
@@ -284,7 +287,8 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     say("[schema] the right patch (no mutant selected) through the suite")
     right_res = verify_mod.run_suite(repo, base, sha, workloads, work_dir=out_dir / "schema", expect="eviction",
                                      evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
-                                     shapes=spec.shapes, candidate_env={operators.ENV: "0"})
+                                     shapes=spec.shapes, candidate_env={operators.ENV: "0"},
+                                     model_name=model_name)
     if not right_res.ok:
         bad = [f"{w.workload.name}: {c.name}" for w in right_res.results for v in w.verdicts for c in v.checks
                if c.status == "fail"]
@@ -323,7 +327,8 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
         for wl in workloads if killed is None else ():
             res = verify_mod.run_suite(repo, base, sha, [wl], work_dir=out_dir / f"m{m.id}", expect="eviction",
                                        evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
-                                       shapes=spec.shapes, candidate_env={operators.ENV: str(m.id)})
+                                       shapes=spec.shapes, candidate_env={operators.ENV: str(m.id)},
+                                       model_name=model_name)
             fails = [(c, v) for w in res.results for v in w.verdicts if v.side == "candidate" for c in v.checks
                      if c.status == "fail"]
             if fails:
@@ -340,7 +345,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
         results.append(killed)
     # (the schema with no mutant selected passed the suite: the campaign raises before judging otherwise)
     return OperatorCampaign(base, sha, repo.commit(sha).tree.hexsha, generated, schema.duplicates, tuple(sorted(dead)),
-                            tuple(results), build_s, time.monotonic() - t0, tce_how)
+                            tuple(results), build_s, time.monotonic() - t0, tce_how, model_name or "")
 
 
 def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
@@ -353,9 +358,9 @@ def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
     if not docs:
         raise UsageError("nothing to merge: give the report directories of the shards.")
     # a shard's schema commit is its own (its time); the schema's tree is the campaign's
-    keys = {(d["base"], d["schema_tree"], d["generated"], tuple(d["stillborn"])) for d in docs}
+    keys = {(d["base"], d["schema_tree"], d["generated"], tuple(d["stillborn"]), d.get("model", "")) for d in docs}
     if len(keys) > 1:
-        raise UsageError("these operators.json are not shards of one campaign (their base, schema or mutants "
+        raise UsageError("these operators.json are not shards of one campaign (their base, schema, mutants or model "
                          f"differ: {sorted({k[1][:12] for k in keys})}); merge the shards of one `--operators` run.")
     results: dict[int, OperatorResult] = {}
     for d in docs:
@@ -369,7 +374,7 @@ def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
     return OperatorCampaign(d0["base"], d0["schema_commit"], d0["schema_tree"], d0["generated"], d0["duplicates"],
                             tuple(d0["stillborn"]),
                             tuple(results[k] for k in sorted(results)), max(d["schema_build_s"] for d in docs),
-                            max(d["seconds"] for d in docs), d0.get("tce", ""))
+                            max(d["seconds"] for d in docs), d0.get("tce", ""), d0.get("model", ""))
 
 
 def operator_doc(c: OperatorCampaign) -> dict:
@@ -379,7 +384,7 @@ def operator_doc(c: OperatorCampaign) -> dict:
             "duplicates": c.duplicates,
             "stillborn": list(c.stillborn), "killed": c.killed, "alive": len(c.alive),
             "schema_build_s": round(c.schema_build_s, 1), "seconds": round(c.seconds, 1),
-            "tce": c.tce, "tce_equivalent": sum(r.status == "tce" for r in c.results),
+            "tce": c.tce, "model": c.model, "tce_equivalent": sum(r.status == "tce" for r in c.results),
             "tce_duplicates": sum(r.status == "tce-duplicate" for r in c.results),
             "mutants": [asdict(x) for x in c.results]}
 

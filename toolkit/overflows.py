@@ -425,6 +425,54 @@ def straddled(ev: Overflow) -> tuple[bool, str]:
                 + ("one decoded and one not" if ok else "not one decoded and one not"))
 
 
+# Pairs (issue 34): the index arithmetic depends on combinations, not on each dimension alone: how
+# many entries the victim had undecoded (what the surgery removes), together with where a
+# survivor's entry sits relative to the victim's (after: its index shifts by them) and whether
+# that entry was decoded yet. "victim undecoded V x survivor before|after, undecoded S".
+PAIRS_ALL = tuple(f"victim undecoded {v} x survivor {where}, undecoded {s}"
+                  for v in ("0", "1", ">1") for where in ("before", "after") for s in ("0", "1", ">1"))
+# The pairs the server's batch can hold and the log can tell apart. llama.cpp's server puts every
+# generating slot's one entry first, then prompt chunks; a slot's entries are contiguous and the
+# failing batch's entries from `off` on are not decoded. So: a survivor before a victim that had
+# none undecoded was decoded too; a survivor after a victim with undecoded entries is undecoded
+# too; more than one undecoded entry is a prompt chunk, at the batch's end, and two prompts in one
+# batch are not told apart (overflow_shapes). 10 of the 18 remain (docs/DESIGN.md, section 11b).
+PAIRS = tuple(p for p in PAIRS_ALL if p in {
+    "victim undecoded 0 x survivor before, undecoded 0", "victim undecoded 0 x survivor after, undecoded 0",
+    "victim undecoded 0 x survivor after, undecoded 1", "victim undecoded 0 x survivor after, undecoded >1",
+    "victim undecoded 1 x survivor before, undecoded 0", "victim undecoded 1 x survivor before, undecoded 1",
+    "victim undecoded 1 x survivor after, undecoded 1", "victim undecoded 1 x survivor after, undecoded >1",
+    "victim undecoded >1 x survivor before, undecoded 0", "victim undecoded >1 x survivor before, undecoded 1"})
+
+
+def overflow_pairs(ev: Overflow, policys: bool = False) -> set[str]:
+    """The pairs one measured overflow reached (the victim as in overflow_shapes: the one
+    terminated). `policys`: the policy's victim instead, as a designed shape is read (a candidate
+    that evicts the wrong slot must be judged on the designed start, not have it re-made)."""
+    victim_slot = (ev.expected[0] if len(ev.expected) == 1 else None) if policys else \
+        ev.terminated[0] if len(ev.terminated) == 1 else (ev.expected[0] if len(ev.expected) == 1 else None)
+    v = ev.at(victim_slot) if victim_slot is not None else None
+    if v is None:
+        return set()
+    prompting = [s for s in ev.in_play if s.phase == "prompt"]
+
+    def undecoded(s: SlotAt) -> str | None:
+        if s.phase == "generating":
+            return "1" if s.position >= ev.off else "0"
+        if len(prompting) != 1:
+            return None
+        n = max(0, ev.entries - max(ev.off, s.position))
+        return ">1" if n > 1 else str(n)
+    nv = undecoded(v)
+    out = set()
+    for s in ev.in_play:
+        ns = undecoded(s) if s.slot != v.slot else None
+        if nv is not None and ns is not None:
+            out.add(f"victim undecoded {nv} x survivor {'before' if s.position < v.position else 'after'}, "
+                    f"undecoded {ns}")
+    return out
+
+
 def designed(ev: Overflow, wl: Workload) -> list[tuple[str, bool, str]]:
     """The shapes `wl` is designed to judge, measured on its overflow: (check name, held, why)."""
     out = []
@@ -436,6 +484,12 @@ def designed(ev: Overflow, wl: Workload) -> list[tuple[str, bool, str]]:
         out.append(("cells-not-prompt", *prompt_not_largest(ev)))
     elif wl.expect.shape == "straddled":
         out.append(("victim-straddled", *straddled(ev)))
+    if wl.expect.pairs:
+        got = overflow_pairs(ev, policys=True)
+        miss = [p for p in wl.expect.pairs if p not in got]
+        out.append(("designed-pairs", not miss, (f"missed {'; '.join(miss)} (reached: {'; '.join(sorted(got)) or 'none'})"
+                                                 if miss else f"reached {'; '.join(wl.expect.pairs)}")
+                    + f" at off {ev.off}, {ev.entries} entries"))
     return out
 
 
@@ -445,7 +499,7 @@ def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:
     compare.py judges either way. Shapes are designed for the largest policy: under another
     policy only the overflow itself is required."""
     hits = [o for o in run.outcomes if kv_outcome(o)]
-    if policy == "largest" and (wl.expect.shift or wl.expect.shape):
+    if policy == "largest" and (wl.expect.shift or wl.expect.shape or wl.expect.pairs):
         evs = overflows(run, wl)
         if evs and len(evs[0].terminated) == 1:      # a candidate's run (the base errors all)
             bad = [why for _, ok, why in designed(evs[0], wl) if not ok]

@@ -77,6 +77,15 @@ class Row:
 
 
 @dataclass(frozen=True)
+class TrafficTable:
+    """Every strategy on one traffic workload (toolkit/traffic.py), `repeat` runs each: a row per
+    strategy (goodput, p99 latency, exact runs, failed attempts) and the claims the runs allow."""
+    workload: str
+    rows: tuple           # traffic.StrategyRow, in the table's strategy order
+    claims: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Table:
     base_commit: str
     layout: str | None
@@ -87,6 +96,7 @@ class Table:
     repeat: int = 1
     command: str = ""        # the command that reproduces it (the PR comment quotes it)
     promises: tuple[tuple[str, str], ...] = ()  # (candidate row, what it was judged to promise and whence)
+    traffic: tuple[TrafficTable, ...] = ()      # --traffic: every strategy on the users' chat traffic
 
 
 # A ranking claims only what the runs show: on one workload, A is measurably faster than B when every
@@ -269,11 +279,13 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
             model_name: str | None = None, opts: build_mod.Options = build_mod.Options(), out_dir: Path,
             say: Callable[[str], None] = print, progress: Callable[[str], None] = lambda s: None,
             candidates: tuple[tuple[str, dict[str, str], tuple[str, ...]], ...] = (), repeat: int = 1,
-            command: str = "", declared: dict[str, Path] | None = None) -> Table:
+            command: str = "", declared: dict[str, Path] | None = None, traffics: tuple = ()) -> Table:
     """`candidates`: (ref, server environment, server flags) rows beside the strategies: any ref of
     `repo` (a fork's PR branch), judged by what it measurably does (`--expect auto`) and by what it
     promises (`declared`: ref -> promises file; else its trailer or patchkit's code, promises.py); its environment
-    and flags its own (e.g. a knob the PR reads, `--preempt-ram 0`). `repeat`: runs per row."""
+    and flags its own (e.g. a knob the PR reads, `--preempt-ram 0`). `repeat`: runs per row.
+    `traffics`: traffic.Traffic workloads each row also serves (its promise: a preemption ends no
+    request, anything else one per overflow), every turn against its solo control on the base."""
     t0 = time.monotonic()
     reuse: dict = {}
     rows: list[Row] = []
@@ -282,6 +294,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
     base_rows_done = False
     known = strategies()  # every family's patch.toml, read once
     said: list[tuple[str, str]] = []
+    served: list[tuple[str, str, str]] = []   # (row, candidate commit, what it promises: its traffic promise)
     for entry in entries:
         fam = known[entry.strategy][0]
         if fam is None:
@@ -295,6 +308,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
                                    model_name=model_name, expect="auto", evicting_patch=True, reuse=reuse,
                                    say=say, progress=progress, patch_expect=spec.expect, family=spec.name)
         builds[entry.label] = dict(res.timings).get("build candidate", 0.0)
+        served.append((entry.label, cand, spec.expect))
         for wr in res.results:
             rows += _rows(entry, wr, res.expect, not base_rows_done and any(e.strategy == "base" for e in entries))
         base_rows_done = True
@@ -315,6 +329,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
                                    patch_expect=own.expect if own else "eviction", declared=own,
                                    family=own.family if own else "")
         builds[label] = dict(res.timings).get("build candidate", 0.0)
+        served.append((label, cand, own.expect if own else "eviction"))
         for wr in res.results:
             rows += _rows(Entry(label, ""), wr, res.expect,
                           not base_rows_done and any(e.strategy == "base" for e in entries))
@@ -323,8 +338,34 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
     order = {e.label: i for i, e in enumerate(entries)}
     wl_order = {w.name: i for i, w in enumerate(workloads)}
     rows.sort(key=lambda r: (wl_order[r.workload], order.get(r.entry, -1), r.run))
+    tables = _traffic(repo, base, traffics, served, any(e.strategy == "base" for e in entries), opts=opts,
+                      out_dir=out_dir / "traffic", repeat=repeat, say=say, progress=progress)
     return Table(base, layout, model_name or workloads[0].model, tuple(rows), round(time.monotonic() - t0, 1), builds,
-                 repeat, command, tuple(said))
+                 repeat, command, tuple(said), tables)
+
+
+def _traffic(repo: git.Repo, base: str, traffics, served: list[tuple[str, str, str]], with_base: bool, *,
+             opts: build_mod.Options, out_dir: Path, repeat: int, say, progress) -> tuple[TrafficTable, ...]:
+    """Each traffic workload served by every row's build (cached by content: the lab rows built
+    them), `repeat` times; the base's runs come with the first row's. The traffic's own model
+    serves it (a chat template), whatever `--model` the laboratory rows used."""
+    from . import traffic as traffic_mod
+
+    out = []
+    base_bin = build_mod.build(repo, base, opts, progress).binary if traffics else None
+    for t in traffics:
+        by: dict[str, tuple] = {}
+        for k, (label, cand, expect) in enumerate(served):
+            say(f"== traffic {t.name}: {label}")
+            res = traffic_mod.compare(base_bin, build_mod.build(repo, cand, opts, progress).binary, t,
+                                      out_dir / label.replace(":", "-").replace("/", "-").replace(" ", "_"),
+                                      promise="preemption" if expect == "preemption" else "one-victim",
+                                      with_base=with_base and k == 0, repeat=repeat, say=say)
+            if res.base:
+                by = {"base": res.base, **by}
+            by[label] = res.candidate
+        out.append(TrafficTable(t.name, *traffic_mod.strategy_rows(t, by)))
+    return tuple(out)
 
 
 COLUMNS = (("strategy", "entry"), ("completed", None), ("collateral", "collateral"), ("makespan s", "makespan_s"),
@@ -352,12 +393,19 @@ def markdown(t: Table) -> str:
         fails = [r for r in t.rows if r.workload == wl and r.failed_checks]
         lines += [""] + [f"- {r.entry} (run {r.run}) FAIL: " + "; ".join(r.failed_checks) for r in fails]
         lines += [f"- ranking: {ranking(t, wl)}", ""]
+    for tt in t.traffic:
+        lines += [f"## traffic {tt.workload}", "", *traffic_lines(tt), ""]
     lines += ["Columns: completed / total requests; collateral = failed requests beyond one per overflow; makespan ="
               " first request sent to last ended; tok/s = tokens streamed / makespan; parks = pauses measured in "
               "upstream's log; recomputed = cells recomputed on resume; exact = streams equal to the no-overflow "
               "control (a terminated request's, if a prefix of it); verdict = the strategy's own expectations "
               "(base: none judged here)."]
     return "\n".join(lines) + "\n"
+
+
+def traffic_lines(tt: TrafficTable) -> list[str]:
+    from . import traffic as traffic_mod
+    return traffic_mod.referee_rows(tt.workload, tt.rows, tt.claims)
 
 
 SUMMARY_COLUMNS = ("strategy", "completed", "wall s", "slowest request s", "aggregate tok/s", "parks per round",
@@ -389,7 +437,11 @@ def pr_comment(t: Table) -> str:
              f"before every run of the other (rank test, Holm-corrected over every pair, alpha {ALPHA}).", ""]
     for wl in dict.fromkeys(r.workload for r in t.rows):
         lines += [f"**{wl}**", "", *summary_table(t, wl), "", f"Ranking: {ranking(t, wl)}.", ""]
-    failed = sorted({r.entry for r in t.rows if r.verdict == "FAIL"})
+    for tt in t.traffic:
+        lines += [f"**traffic {tt.workload}** (chat sessions through the `openai` client, every turn against its "
+                  "solo control)", "", *traffic_lines(tt), ""]
+    failed = sorted({r.entry for r in t.rows if r.verdict == "FAIL"}
+                    | {r.entry for tt in t.traffic for r in tt.rows if r.outcome == "FAIL"})
     lines += [f"Verdicts: {'every patched strategy passed its own expectations' if not failed else 'FAIL: ' + ', '.join(failed)}.",
               "", "Reproduce:", "", "```", t.command or "patchkit referee", "```", ""]
     return "\n".join(lines)
@@ -427,7 +479,9 @@ def to_json(t: Table) -> dict:
             "repeat": t.repeat, "command": t.command, "seconds": t.seconds, "build_s": t.build_s,
             "promises": dict(t.promises),
             "rows": [asdict(r) for r in t.rows], "summaries": [asdict(m) for m in summaries(t)],
-            "ranking": {wl: ranking(t, wl) for wl in wls}}
+            "ranking": {wl: ranking(t, wl) for wl in wls},
+            "traffic": [{"workload": tt.workload, "rows": [asdict(r) for r in tt.rows], "claims": list(tt.claims)}
+                        for tt in t.traffic]}
 
 
 def write(t: Table, out_dir: Path, comment: Path | None = None) -> dict[str, Path]:
@@ -452,5 +506,7 @@ def write(t: Table, out_dir: Path, comment: Path | None = None) -> dict[str, Pat
         "<!doctype html><meta charset=utf-8><title>patchkit referee</title><style>body{font-family:sans-serif}"
         "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child{text-align:left}</style>"
         f"<h1>The referee</h1><p>base {t.base_commit[:12]}, layout {t.layout}, model {html.escape(t.model)}</p>"
-        + svg(t) + "".join(table_html))
+        + svg(t) + "".join(table_html)
+        + "".join(f"<h2>traffic {html.escape(tt.workload)}</h2><pre>{html.escape(chr(10).join(traffic_lines(tt)))}</pre>"
+                  for tt in t.traffic))
     return paths

@@ -752,24 +752,27 @@ def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_
 
 # ---- the referee's traffic rows: strategies side by side on the same traffic
 
-def referee_rows(t: Traffic, by: dict[str, tuple[Side, ...]]) -> list[str]:
-    """A markdown table, one row per strategy: its outcome over the repeats, goodput and p99
-    latency (median [min-max]), runs with every turn exact, failed attempts. Then the claims the
-    runs allow (referee.claims: Mann-Whitney U = 0 with Holm's correction over all pairs), for
-    goodput and p99 latency, among the strategies whose every run passed: with too few runs, or
-    overlapping ones, nothing is ranked, and the table says so."""
+@dataclass(frozen=True)
+class StrategyRow:
+    """One strategy over the repeats of one traffic workload: its outcome (of its own promise; "-"
+    for the base, which is measured, not judged) and `summary()`'s medians with ranges."""
+    entry: str
+    outcome: str
+    summary: dict
+
+
+def strategy_rows(t: Traffic, by: dict[str, tuple[Side, ...]],
+                  judged: bool = True) -> tuple[tuple[StrategyRow, ...], tuple[str, ...]]:
+    """One row per strategy, then the claims the runs allow (referee.claims: Mann-Whitney U = 0
+    with Holm's correction over all pairs), for goodput and p99 latency, among the strategies whose
+    every run passed: with too few runs, or overlapping ones, nothing is ranked. `by`'s "base" is
+    a row, never ranked."""
     from .referee import claims
 
-    def mmm(r):
-        return "-" if r is None else f"{r['median']} [{r['min']}-{r['max']}]"
-    lines = [f"traffic {t.name}: strategy | outcome | goodput tok/s | latency p99 s | runs all exact | failed attempts",
-             "|---|---|---|---|---|---|"]
-    passing = {}
+    rows, passing = [], {}
     for name, runs in by.items():
-        m = summary(runs, t)
-        outcome = Result(t, (), runs).outcome
-        lines.append(f"| {name} | {outcome} | {mmm(m['goodput_tok_s'])} | {mmm(m['latency_p99_s'])} | "
-                     f"{m['turns_exact']}/{m['repeats']} | {m['failed_attempts']} |")
+        outcome = "-" if name == "base" else Result(t, (), runs).outcome
+        rows.append(StrategyRow(name, outcome, summary(runs, t)))
         if outcome == "PASS":
             passing[name] = runs
     said = []
@@ -777,6 +780,20 @@ def referee_rows(t: Traffic, by: dict[str, tuple[Side, ...]]) -> list[str]:
         by_metric = {k: [value(s) for s in v if value(s) is not None] for k, v in passing.items()}
         for better, worse, p in claims({k: v for k, v in by_metric.items() if v}):
             said.append(f"{metric}: {better} better than {worse} (p = {p:.3f}, Holm over {len(by_metric)} strategies)")
+    return tuple(rows), tuple(said)
+
+
+def referee_rows(t_name: str, rows: tuple[StrategyRow, ...], said: tuple[str, ...]) -> list[str]:
+    """strategy_rows as a markdown table and its claims."""
+    def mmm(r):
+        return "-" if r is None else f"{r['median']} [{r['min']}-{r['max']}]"
+    lines = ["| strategy | outcome | turns completed | goodput tok/s | latency p99 s | runs all exact | failed attempts |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r.summary
+        lines.append(f"| {r.entry} | {r.outcome} | {m['turns_completed']}/{m['turns_planned']} | "
+                     f"{mmm(m['goodput_tok_s'])} | {mmm(m['latency_p99_s'])} | {m['turns_exact']}/{m['repeats']} | "
+                     f"{m['failed_attempts']} |")
     lines.append("claims: " + ("; ".join(said) if said else
                                "none: no pair's runs separate (every run of one beyond every run of the other) "
                                "after the correction; not ranked"))

@@ -90,10 +90,11 @@ class Result:
         # missed one is inconclusive; a run of a few workloads you chose only lists what they missed
         ran = {wr.workload.name for wr in self.results}
         suite = set(SUITE) <= ran or set(REAL_SUITE) <= ran
-        # the pairs are reported, not judged: prompt-victim's offset still depends on when its
-        # requests arrive (measured: off 24 instead of 0 in a loaded CI run), so a missed pair is
-        # not yet the suite's by design
-        return "INCONCLUSIVE" if missing or (suite and coverage_mod.missed(self.coverage)) else "PASS"
+        # the pairs likewise: each is some suite workload's by design (its `expect.pairs`, a start
+        # that missed them made again), for the largest policy the workloads are sized for
+        pairs = tuple(c for c in self.pairs if c.shape in coverage_mod.PAIRS) if self.policy == "largest" else ()
+        return ("INCONCLUSIVE" if missing or (suite and (coverage_mod.missed(self.coverage) or coverage_mod.missed(pairs)))
+                else "PASS")
 
 
 Say = Callable[[str], None]

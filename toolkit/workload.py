@@ -104,6 +104,10 @@ class Expect:
     #   "prompt-not-largest": the slot holding the most cells is not the one with the longest prompt
     #   "straddled": the victim's entry undecoded, one survivor's before it decoded, one's not (0 < off)
     shape: str = ""
+    # the pairs of the failure point (overflows.PAIRS) the workload is designed to reach, for the
+    # largest policy: measured on every judged run like a shape (a start that missed them is made
+    # again), and the suite's pairs are judged because each is some workload's by design
+    pairs: tuple[str, ...] = ()
     victims: int = 1                # overflows by design (each with one victim): the sizing's arithmetic
 
 
@@ -185,6 +189,13 @@ def parse(data: dict, path: Path | None = None) -> Workload:
     slots = [r.slot for r in reqs]
     if len(set(slots)) != len(slots) or any(not 0 <= s < flags.parallel for s in slots):
         raise ValueError(f"request slots {slots} must be distinct and within 0..{flags.parallel - 1}")
-    exp = Expect(**data.get("expect", {}))
+    exp = dict(data.get("expect", {}))
+    if "pairs" in exp:
+        from .overflows import PAIRS
+        exp["pairs"] = tuple(exp["pairs"])
+        bad = [p for p in exp["pairs"] if p not in PAIRS]
+        if bad:
+            raise ValueError(f"expect.pairs {bad}: not pairs the batch can hold; known: {list(PAIRS)}")
+    exp = Expect(**exp)
     return Workload(data["name"], data.get("description", ""), data.get("sizing", ""), flags,
                     tuple(reqs), exp, path, str(data.get("model", "witness")))

@@ -1,4 +1,5 @@
 """Shape coverage (issue 26), pure: each measured overflow is read into the cells it reached."""
+import pytest
 from toolkit import coverage, patch, workload
 from toolkit.measure import Overflow, SlotAt
 
@@ -119,9 +120,10 @@ def test_a_pair_argued_unreachable_but_measured_is_listed(monkeypatch):
     assert "victim undecoded >1 x survivor after, undecoded 0" not in coverage.PAIRS
 
 
-def test_a_default_suite_run_that_missed_a_pair_says_so():
-    """The summary names a missed pair; the outcome does not rest on it yet (prompt-victim's offset
-    still depends on when its requests arrive)."""
+def test_a_default_suite_run_that_missed_a_pair_is_inconclusive_under_the_largest_policy():
+    """Each reachable pair is some suite workload's by design (its expect.pairs): a run of the
+    whole suite that missed one says so and is INCONCLUSIVE, never a FAIL; under another policy
+    (the workloads are sized for largest) the pairs are listed, not judged."""
     from toolkit import report, verify
     wrs = tuple(verify.WorkloadResult(workload.load(n), (), (), None, ()) for n in verify.SUITE)
     shapes = tuple(coverage.Reached(s, "overflow-4 run 1", 1, 1) for s in coverage.EVICTION)
@@ -132,9 +134,40 @@ def test_a_default_suite_run_that_missed_a_pair_says_so():
     missed = every[:-1] + (coverage.Reached(coverage.PAIRS[-1], None, 0, 1),)
     res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
                         coverage=shapes, pairs=missed)
-    assert res.ok and res.outcome == "PASS"
+    assert res.ok and res.outcome == "INCONCLUSIVE"
     assert f"pairs reached 9/10, not reached: {coverage.PAIRS[-1]}" in report.summary_line(res)
-    # a missed shape still makes the suite INCONCLUSIVE
+    res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "smallest", None, wrs, (), "",
+                        coverage=shapes, pairs=missed)
+    assert res.outcome == "PASS"
+    # a missed shape makes the suite INCONCLUSIVE too
     res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
                         coverage=shapes[:-1] + (coverage.Reached(shapes[-1].shape, None, 0, 1),), pairs=every)
     assert res.outcome == "INCONCLUSIVE"
+
+
+def test_every_reachable_pair_is_a_suite_workloads_by_design():
+    from toolkit import verify
+    designed = {p: n for n in verify.SUITE for p in workload.load(n).expect.pairs}
+    assert set(designed) == set(coverage.PAIRS), sorted(set(coverage.PAIRS) - set(designed))
+
+
+def test_a_designed_pair_missed_is_a_shape_not_reached():
+    """prompt-victim at off 24 (a request a step late, measured in a loaded CI run): the survivors'
+    entries were decoded, its designed pair missed; the start is made again, and a judged run
+    that still misses it is no evidence against the patch."""
+    from toolkit import compare, overflows
+    wl = workload.load("prompt-victim")
+    late = ov([gen(0, 0), gen(1, 1), gen(2, 2), prompt(3, 3)], [3], 24, 64)
+    (name, ok, why), = overflows.designed(late, wl)
+    assert name == "designed-pairs" and not ok and "missed victim undecoded >1 x survivor before, undecoded 1" in why
+    assert "at off 24, 64 entries" in why and name in compare.SHAPE_CHECKS
+    full = ov([gen(0, 0), gen(1, 1), gen(2, 2), prompt(3, 3)], [3], 0, 64)
+    assert overflows.designed(full, wl)[0][1]
+
+
+def test_a_pair_no_batch_can_hold_is_refused_in_a_workload(tmp_path):
+    import tomllib
+    data = tomllib.loads(open(workload.load("overflow-4").path).read())
+    data["expect"]["pairs"] = ["victim undecoded >1 x survivor after, undecoded 0"]
+    with pytest.raises(ValueError, match="not pairs the batch can hold"):
+        workload.parse(data)

@@ -191,16 +191,23 @@ def test_the_referee_rows_rank_only_what_the_runs_separate():
     t = _t()
     five = {"terminate": tuple(_side(g, p) for g, p in zip((300, 310, 320, 330, 340), (.4, .6, .5, .55, .45))),
             "park": tuple(_side(g, p) for g, p in zip((500, 510, 520, 530, 540), (.5, .52, .48, .58, .44)))}
-    lines = traffic.referee_rows(t, five)
-    assert lines[2].startswith("| terminate | PASS | 320 [300-340]")
-    assert "goodput: park better than terminate (p = 0.008" in lines[-1]
-    assert "latency p99" not in lines[-1], "overlapping p99s: no claim"
+
+    def lines(by):
+        return traffic.referee_rows(t.name, *traffic.strategy_rows(t, by))
+    got = lines(five)
+    assert got[2].startswith("| terminate | PASS | 0/10 | 320 [300-340]"), got[2]
+    assert "goodput: park better than terminate (p = 0.008" in got[-1]
+    assert "latency p99" not in got[-1], "overlapping p99s: no claim"
     three = {k: v[:3] for k, v in five.items()}
-    assert traffic.referee_rows(t, three)[-1].startswith("claims: none"), "3 + 3 runs: p >= 0.1, never a claim"
+    assert lines(three)[-1].startswith("claims: none"), "3 + 3 runs: p >= 0.1, never a claim"
     # a strategy that failed a check is named with its outcome and never raced
     bad = {**five, "broken": tuple(_side(900, 0.1, outcome_ok=False) for _ in range(5))}
-    rows = traffic.referee_rows(t, bad)
+    rows = lines(bad)
     assert any(r.startswith("| broken | FAIL") for r in rows) and "broken" not in rows[-1]
+    # the base is measured, not judged: a row with no outcome, never ranked, however fast it looks
+    with_base = {"base": tuple(_side(5000, 0.01) for _ in range(5)), **five}
+    rows, said = traffic.strategy_rows(t, with_base)
+    assert rows[0].entry == "base" and rows[0].outcome == "-" and not any("base" in c for c in said), said
 
 
 def test_a_client_library_failure_is_no_evidence_against_the_server():

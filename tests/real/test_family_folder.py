@@ -63,10 +63,23 @@ def test_a_family_added_as_a_folder_goes_through_every_command(c2, c2_base, tmp_
     assert "server: on KV-cache exhaustion park one slot instead of failing all" in pr
 
     r = patchkit("referee", "--repo", T, "--base", a["base"], "--strategy", "base", "--strategy",
-                 "park-copy:largest", "--workload", "overflow-4", "--report-dir", str(tmp_path / "ref"), "--json")
+                 "park-copy:largest", "--workload", "overflow-4", "--traffic", "lmstudio-1757",
+                 "--report-dir", str(tmp_path / "ref"), "--json")
     rows = {row["entry"]: row for row in r["rows"]}
     assert rows["park-copy:largest"]["verdict"] == "PASS" and rows["park-copy:largest"]["completed"] == 4, rows
     assert rows["base"]["completed"] == 0
+    # the users' traffic on the same rows: the base measured (it ends every chat in play at each
+    # overflow), the new family judged by its promise (a preemption ends no turn) and exact
+    tt, = r["traffic"]
+    assert tt["workload"] == "lmstudio-1757", tt
+    trows = {row["entry"]: row for row in tt["rows"]}
+    assert list(trows) == ["base", "park-copy:largest"], trows
+    assert trows["base"]["outcome"] == "-" and trows["base"]["summary"]["failed_attempts"] > 0, trows["base"]
+    park = trows["park-copy:largest"]
+    assert park["outcome"] == "PASS" and park["summary"]["turns_exact"] == 1, park
+    assert park["summary"]["turns_completed"] == park["summary"]["turns_planned"] == 12, park
+    assert park["summary"]["failed_attempts"] == 0, park
+    assert "## traffic lmstudio-1757" in (tmp_path / "ref" / "report.md").read_text()
 
     # without the directory the family does not exist: refused, naming where it looked
     gone = subprocess.run([sys.executable, "-m", "toolkit", "apply", "--repo", T, "--patch", "park-copy", "--check"],
