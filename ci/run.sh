@@ -44,6 +44,6 @@ fi
 
 case "${1:-}" in
   demo) shift; exec patchkit demo "$@" ;;
-  test) shift; exec $PY -m pytest tests -ra -v "$@" ;;
+  test) shift; exec $PY -m pytest tests -ra -v --durations=30 "$@" ;;
   *) echo "usage: bash ci/run.sh demo|test [args]" >&2; exit 2 ;;
 esac

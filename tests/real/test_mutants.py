@@ -129,3 +129,36 @@ def test_every_mutant_differs_from_the_right_patch_on_the_default_tree(c2, tmp_p
         sha, _ = apply.candidate_commit(repo, base, variant=name)
         assert repo.commit(sha).tree != repo.commit(right).tree, name
         assert patch.state(repo.git.show(f"{sha}:tools/server/server-context.cpp"), patch.load_patch()) == "applied"
+
+
+def test_a_survivors_sampler_reset_is_seen_by_the_witness_and_not_by_the_tiny_model(c2, c2_base, tmp_path):
+    """Issue 33: the same wrong patch, the same workload (stateful-4: seeded temperature and
+    penalties), two models. By the time the pool runs out the tiny model's stream has collapsed
+    into one repeated token, so survivors whose sampler was reset at the eviction still equal
+    their control: ALIVE. The witness's next token depends on the sampler's state: killed, by a
+    stream check only (nothing structural changed), at a token after the survivor's overflow."""
+    import json
+    import subprocess
+    import sys
+
+    def campaign(*model):
+        out = tmp_path / (model[-1] if model else "default")
+        res = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--base",
+                              source.BASELINE_TAG, "--mutant", "survivors-sampler-reset", "--workload", "stateful-4",
+                              *model, "--report-dir", str(out), "--json"], capture_output=True, text=True)
+        doc = json.loads(res.stdout)
+        return res.returncode, doc
+    rc, tiny = campaign("--model", "tiny")
+    assert tiny["model"] == "tiny" and rc == 1, tiny["score"]
+    m, = tiny["mutants"]
+    assert m["status"] == "ALIVE" and m["kills"] == [], m
+    rc, witness = campaign()
+    assert witness["model"] == "" and rc == 0, witness["score"]
+    m, = witness["mutants"]
+    assert m["status"] == "killed", m
+    assert {k["check"] for k in m["kills"]} == {"integrity"}, m["kills"]
+    k = m["kills"][0]
+    assert re.search(r"slot \d: differs from control at token (\d+)", k["reason"]), k
+    # the overflow of stateful-4 comes ~186 tokens in (victim-first's arithmetic): the first
+    # difference is after it, where the reset happened
+    assert all(int(x) >= 180 for x in re.findall(r"differs from control at token (\d+)", k["reason"])), k
