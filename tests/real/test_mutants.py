@@ -156,8 +156,10 @@ def test_a_survivors_sampler_reset_is_seen_by_the_witness_and_not_by_the_tiny_mo
     assert witness["model"] == "" and rc == 0, witness["score"]
     m, = witness["mutants"]
     assert m["status"] == "killed", m
-    assert {k["check"] for k in m["kills"]} == {"integrity"}, m["kills"]
-    k = m["kills"][0]
+    # integrity alone (an earlier start, made again for its shape, is judged too: by integrity)
+    assert {k["check"] for k in m["kills"]} <= {"integrity", "earlier-starts"}, m["kills"]
+    assert all(" integrity: " in k["reason"] for k in m["kills"] if k["check"] == "earlier-starts"), m["kills"]
+    k = next(k for k in m["kills"] if k["check"] == "integrity")
     assert re.search(r"slot \d: differs from control at token (\d+)", k["reason"]), k
     # the overflow of stateful-4 comes ~186 tokens in (victim-first's arithmetic): the first
     # difference is after it, where the reset happened
