@@ -127,7 +127,8 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
     res = mutate.campaign(r, base, list(names or cat), wls, repeat=repeat, out_dir=out_dir / "logs", say=ui.say,
                           progress=ui.progress, patch_name=patch_name, model_name=model_name)
     killed, judged = mutate.score(res)
-    doc = {"base": base, "model": model_name or "", "score": {"killed": killed, "judged": judged}, "mutants": [asdict(x) for x in res]}
+    doc = {"base": base, "model": model_name or "", "score": {"killed": killed, "judged": judged},
+           "mutants": [asdict(x) for x in res]}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "mutants.json").write_text(json.dumps(doc, indent=2))
     if as_json:

@@ -445,11 +445,11 @@ PAIRS = tuple(p for p in PAIRS_ALL if p in {
     "victim undecoded >1 x survivor before, undecoded 0", "victim undecoded >1 x survivor before, undecoded 1"})
 
 
-def overflow_pairs(ev: Overflow, policys: bool = False) -> set[str]:
+def overflow_pairs(ev: Overflow, policy_victim: bool = False) -> set[str]:
     """The pairs one measured overflow reached (the victim as in overflow_shapes: the one
-    terminated). `policys`: the policy's victim instead, as a designed shape is read (a candidate
+    terminated). `policy_victim`: the policy's victim instead, as a designed shape is read (a candidate
     that evicts the wrong slot must be judged on the designed start, not have it re-made)."""
-    victim_slot = (ev.expected[0] if len(ev.expected) == 1 else None) if policys else \
+    victim_slot = (ev.expected[0] if len(ev.expected) == 1 else None) if policy_victim else \
         ev.terminated[0] if len(ev.terminated) == 1 else (ev.expected[0] if len(ev.expected) == 1 else None)
     v = ev.at(victim_slot) if victim_slot is not None else None
     if v is None:
@@ -485,7 +485,7 @@ def designed(ev: Overflow, wl: Workload) -> list[tuple[str, bool, str]]:
     elif wl.expect.shape == "straddled":
         out.append(("victim-straddled", *straddled(ev)))
     if wl.expect.pairs:
-        got = overflow_pairs(ev, policys=True)
+        got = overflow_pairs(ev, policy_victim=True)
         miss = [p for p in wl.expect.pairs if p not in got]
         out.append(("designed-pairs", not miss, (f"missed {'; '.join(miss)} (reached: {'; '.join(sorted(got)) or 'none'})"
                                                  if miss else f"reached {'; '.join(wl.expect.pairs)}")
