@@ -362,7 +362,7 @@ def _traffic(repo: git.Repo, base: str, traffics, served: list[tuple[str, str, s
                                       promise="preemption" if expect == "preemption" else "one-victim",
                                       with_base=with_base and k == 0, repeat=repeat, say=say)
             if res.base:
-                by = {"base": res.base, **by}
+                by["base"] = res.base      # the first row's: the table's first
             by[label] = res.candidate
         out.append(TrafficTable(t.name, *traffic_mod.strategy_rows(t, by)))
     return tuple(out)
@@ -405,7 +405,7 @@ def markdown(t: Table) -> str:
 
 def traffic_lines(tt: TrafficTable) -> list[str]:
     from . import traffic as traffic_mod
-    return traffic_mod.referee_rows(tt.workload, tt.rows, tt.claims)
+    return traffic_mod.referee_rows(tt.rows, tt.claims)
 
 
 SUMMARY_COLUMNS = ("strategy", "completed", "wall s", "slowest request s", "aggregate tok/s", "parks per round",

@@ -761,8 +761,7 @@ class StrategyRow:
     summary: dict
 
 
-def strategy_rows(t: Traffic, by: dict[str, tuple[Side, ...]],
-                  judged: bool = True) -> tuple[tuple[StrategyRow, ...], tuple[str, ...]]:
+def strategy_rows(t: Traffic, by: dict[str, tuple[Side, ...]]) -> tuple[tuple[StrategyRow, ...], tuple[str, ...]]:
     """One row per strategy, then the claims the runs allow (referee.claims: Mann-Whitney U = 0
     with Holm's correction over all pairs), for goodput and p99 latency, among the strategies whose
     every run passed: with too few runs, or overlapping ones, nothing is ranked. `by`'s "base" is
@@ -783,7 +782,7 @@ def strategy_rows(t: Traffic, by: dict[str, tuple[Side, ...]],
     return tuple(rows), tuple(said)
 
 
-def referee_rows(t_name: str, rows: tuple[StrategyRow, ...], said: tuple[str, ...]) -> list[str]:
+def referee_rows(rows: tuple[StrategyRow, ...], said: tuple[str, ...]) -> list[str]:
     """strategy_rows as a markdown table and its claims."""
     def mmm(r):
         return "-" if r is None else f"{r['median']} [{r['min']}-{r['max']}]"

@@ -193,7 +193,7 @@ def test_the_referee_rows_rank_only_what_the_runs_separate():
             "park": tuple(_side(g, p) for g, p in zip((500, 510, 520, 530, 540), (.5, .52, .48, .58, .44)))}
 
     def lines(by):
-        return traffic.referee_rows(t.name, *traffic.strategy_rows(t, by))
+        return traffic.referee_rows(*traffic.strategy_rows(t, by))
     got = lines(five)
     assert got[2].startswith("| terminate | PASS | 0/10 | 320 [300-340]"), got[2]
     assert "goodput: park better than terminate (p = 0.008" in got[-1]
