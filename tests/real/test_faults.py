@@ -17,18 +17,31 @@ from toolkit.errors import PatchError, ServerError
 
 from .conftest import clone, commit_on, snapshot
 
-LONG = workload.parse({"name": "long", "server": {"ctx": 8192, "parallel": 2},
+# Far more tokens than a test thread on a loaded machine needs to notice the stream and act on it:
+# with 2 x 4000 the tiny model finished all 8000 in 7 s while a loaded CI run's test thread was
+# still polling, and the "killed mid-workload" server had already completed (a clean-clone run)
+LONG = workload.parse({"name": "long", "server": {"ctx": 65536, "parallel": 2},
                        "expect": {"base": "unchanged", "candidate": "unchanged", "integrity": False},
-                       "requests": [{"slot": 0, "prompt_len": 20, "n_predict": 4000},
-                                    {"slot": 1, "prompt_len": 20, "n_predict": 4000}]})
+                       "requests": [{"slot": 0, "prompt_len": 20, "n_predict": 32000},
+                                    {"slot": 1, "prompt_len": 20, "n_predict": 32000}]})
 
 
 def _wait_streaming(log: Path, timeout=30):
-    """Until the server (run with --verbose) has sampled tokens for the workload: mid-stream."""
+    """Until the server (run with --verbose) has sampled tokens for the workload: mid-stream.
+    Reads only what the log gained since the last look (the poll stays cheap as it grows)."""
     deadline = time.monotonic() + timeout
+    seen, pos, tail = 0, 0, b""
     while time.monotonic() < deadline:
-        if log.exists() and log.read_text(errors="replace").count("n_gen = ") >= 20:
-            return
+        if log.exists():
+            with open(log, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos = f.tell()
+            text = tail + chunk
+            seen += text.count(b"n_gen = ")
+            tail = text[-7:]     # shorter than the marker: a marker split across two reads counts once
+            if seen >= 20:
+                return
         time.sleep(0.01)
     raise AssertionError("the server never started streaming")
 
