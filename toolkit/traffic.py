@@ -26,7 +26,11 @@ the pool) is not retried. The judge:
                        ran out is INCONCLUSIVE.
   bad-input-handled    (workloads with rude clients) a turn longer than the pool is refused with a
                        4xx that says so; a client that hung up regenerates and completes.
-  conversations-complete   every user completed every turn (retries included).
+  conversations-complete   every user completed every turn (retries included). Under the
+                       one-victim promise a user who gave up only as an overflow's one victim,
+                       try after try, is reported starved (terminate-one behind a queue evicts the
+                       longest conversation each time it returns): a limit of that design, shown
+                       in every report, not a FAIL; lost any other way, it fails.
   serves-after         a fresh request completes after the traffic.
 
 The base is measured, not judged: how many users lost how many turns.
@@ -509,6 +513,7 @@ class Side:
     latency_p99: float | None
     goodput: float           # tokens of completed turns per second of traffic
     checks: tuple[Check, ...] = ()
+    starved: tuple[int, ...] = ()   # users lost only as the policy's own victims (`starved()`)
 
     @property
     def outcome(self) -> str:
@@ -598,12 +603,38 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
                                                                (", one each" if r.overflows else ""))))
     if t.oversize or t.hangup:
         checks.append(_rude(t, r))
-    checks.append(Check("conversations-complete", "fail" if r.lost else "pass",
-                        f"users {list(r.lost)} gave up after {t.retries} regenerates" if r.lost else
-                        f"{t.users - len(t.oversize)} users completed {t.turns} turns each" +
-                        (f" (users {list(t.oversize)} were refused, as they must be)" if t.oversize else "")))
+    hungry = starved(r) if promise == "one-victim" else ()
+    lost = [u for u in r.lost if u not in hungry]
+    checks.append(Check("conversations-complete", "fail" if lost else "pass",
+                        (f"users {lost} gave up after {t.retries} regenerates" if lost else
+                         f"{t.users - len(t.oversize) - len(hungry)} users completed {t.turns} turns each" +
+                         (f" (users {list(t.oversize)} were refused, as they must be)" if t.oversize else "")) +
+                        (f"; users {list(hungry)} starved: every try of the turn they gave up on was the one request "
+                         "an overflow ended (terminate-one behind a queue evicts the longest conversation each time it "
+                         "returns: a limit of the design, docs/DESIGN.md 7d, not a break of its promise)"
+                         if hungry else "")))
     checks.append(Check("serves-after", "pass" if r.serves_after == "completed" else "fail", r.serves_after))
-    return replace(side, checks=tuple(checks))
+    return replace(side, checks=tuple(checks), starved=hungry)
+
+
+def starved(r: TrafficRun) -> tuple[int, ...]:
+    """Users who gave up as the eviction's own victims, and only that: every try of the turn they
+    gave up on was ended by the server (none by their client), and every request the server ended
+    in the run is accounted for by an overflow that ended exactly one. Terminate-one behind a queue
+    starves by design: the longest conversation is the slot holding the most cells each time it
+    returns, while the queue keeps the other slots busy (measured, docs/measured.md). A user lost
+    any other way (a request ended with no overflow to answer for it, an overflow that ended two)
+    is not starved but lost."""
+    ended = [a for a in r.attempts if not a.ok and not a.cause]
+    if any(n != 1 for n in r.overflows) or len(ended) != len(r.overflows):
+        return ()
+    out = []
+    for u in r.lost:
+        mine = [a for a in r.attempts if a.user == u]
+        last = [a for a in mine if a.turn == max(a.turn for a in mine)] if mine else []
+        if last and not any(a.ok or a.cause not in ("", "hangup") for a in last) and any(not a.cause for a in last):
+            out.append(u)
+    return tuple(out)
 
 
 def _rude(t: Traffic, r: TrafficRun) -> Check:
@@ -645,7 +676,8 @@ def summary(runs: tuple[Side, ...], t: Traffic) -> dict:
             "latency_p99_s": _range([s.latency_p99 for s in runs]), "ttft_p99_s": _range([s.ttft_p99 for s in runs]),
             "turns_completed": sum(sum(u.turns for u in s.users) for s in runs), "turns_planned": len(runs) * t.users * t.turns,
             "turns_exact": sum(1 for s in runs for c in s.checks if c.name == "turns-exact" and c.status == "pass"),
-            "failed_attempts": sum(sum(u.failed for u in s.users) for s in runs)}
+            "failed_attempts": sum(sum(u.failed for u in s.users) for s in runs),
+            "users_starved": sum(len(s.starved) for s in runs)}
 
 
 def _side_json(s: Side) -> dict:
@@ -653,7 +685,7 @@ def _side_json(s: Side) -> dict:
             "goodput_tok_s": round(s.goodput, 1), "ttft_p50_s": s.ttft_p50, "ttft_p99_s": s.ttft_p99,
             "latency_p50_s": s.latency_p50, "latency_p99_s": s.latency_p99,
             "overflows": list(s.run.overflows), "pressure": s.run.pressure, "shapes": list(s.run.shapes),
-            "lost": list(s.run.lost), "serves_after": s.run.serves_after, "log": s.run.log,
+            "lost": list(s.run.lost), "starved": list(s.starved), "serves_after": s.run.serves_after, "log": s.run.log,
             "users": [{"user": u.user, "turns": u.turns, "planned": u.planned, "failed": u.failed,
                        "sdk_retries": u.retries_sdk, "statuses": dict(u.statuses), "lost": u.lost} for u in s.users],
             "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in s.checks],
@@ -677,13 +709,14 @@ def _side_text(name: str, s: Side, t: Traffic) -> list[str]:
     lost = sum(u.planned - u.turns for u in s.users)
     lines = [f"  {name}: {sum(u.turns for u in s.users)}/{t.users * t.turns} turns completed, "
              f"{sum(u.failed for u in s.users)} failed attempts, {lost} turns lost "
-             f"({len(s.run.lost)} users gave up); pool ran out in {s.run.pressure} loop turns, "
+             f"({len(s.run.lost)} users gave up" + (f", {len(s.starved)} of them starved by the policy"
+                                                     if s.starved else "") + f"); pool ran out in {s.run.pressure} loop turns, "
              f"requests ended per overflow {list(s.run.overflows) or 'none'}; "
              f"goodput {s.goodput:.1f} tok/s; ttft p50/p99 {f(s.ttft_p50)}/{f(s.ttft_p99)} s; "
              f"latency p50/p99 {f(s.latency_p50)}/{f(s.latency_p99)} s"]
     for u in s.users:
         lines.append(f"    user {u.user}: {u.turns}/{u.planned} turns, statuses {dict(u.statuses)}, "
-                     f"{u.failed} regenerated, {u.retries_sdk} SDK retries" + (", GAVE UP" if u.lost else ""))
+                     f"{u.failed} regenerated, {u.retries_sdk} SDK retries" + (", GAVE UP" + (" (starved by the policy)" if u.user in s.starved else "") if u.lost else ""))
     lines.append(f"    shapes reached: {', '.join(s.run.shapes) or 'none'}")
     for c in s.checks:
         lines.append(f"    {c.status.upper():12} {c.name}: {c.detail}")

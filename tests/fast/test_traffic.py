@@ -127,6 +127,37 @@ def test_a_lost_conversation_and_a_dead_server_fail():
     assert [c.name for c in side.checks if c.status == "fail"] == ["serves-after"]
 
 
+def test_a_user_lost_only_as_the_one_victim_of_each_overflow_is_starved_not_failed():
+    """Terminate-one behind a queue: user 1's turn was the one request each of three overflows
+    ended, three tries in a row. The promise held; the loss is the design's, reported as such.
+    The same loss with an ended request no overflow answers for, or an overflow that ended two, or
+    under a preemption family's promise, fails."""
+    ctl = {"p0": "abcd", "p1": "wxyz"}
+    tries = [_a(1, 0, k, "p1", "wx", error="Context size has been exceeded.") for k in range(3)]
+    run = _run([_a(0, 0, 0, "p0", "abcd")] + tries, overflows=(1, 1, 1), lost=(1,))
+    side = traffic.judge(_t(), run, ctl)
+    got = {c.name: c for c in side.checks}
+    assert side.outcome == "PASS" and side.starved == (1,), side.checks
+    assert "users [1] starved" in got["conversations-complete"].detail
+    assert "1 of them starved by the policy" in traffic.text(traffic.Result(_t(), (), (side,)))
+    assert traffic.summary((side,), _t())["users_starved"] == 1
+    # an ended request no overflow accounts for: lost, not starved
+    side = traffic.judge(_t(), _run([_a(0, 0, 0, "p0", "abcd")] + tries, overflows=(1, 1), lost=(1,)), ctl)
+    assert side.starved == () and [c.name for c in side.checks if c.status == "fail"] == ["conversations-complete"]
+    # an overflow that ended two: the promise fails, and the loss is not excused either
+    side = traffic.judge(_t(), _run([_a(0, 0, 0, "p0", "ab", error="x")] + tries, overflows=(2, 1, 1), lost=(1,)), ctl)
+    assert side.starved == () and {"one-victim-per-overflow", "conversations-complete"} <= \
+        {c.name for c in side.checks if c.status == "fail"}
+    # a try the client itself broke is no evidence that the policy starved anyone
+    broken = tries[:2] + [traffic.Attempt(1, 0, 2, "p1", 0.0, None, 1.0, "PydanticUserError", None, "", 1, None,
+                                          "client")]
+    side = traffic.judge(_t(), _run([_a(0, 0, 0, "p0", "abcd")] + broken, overflows=(1, 1), lost=(1,)), ctl)
+    assert side.starved == () and "conversations-complete" in {c.name for c in side.checks if c.status == "fail"}
+    # no-request-ended: a preemption family never starves by design
+    side = traffic.judge(_t(), run, ctl, "preemption")
+    assert side.starved == () and "conversations-complete" in {c.name for c in side.checks if c.status == "fail"}
+
+
 def test_overflows_group_the_errors_of_one_failed_placement():
     tr = (Trace("loop"), Trace("batch"), Trace("error", 0, 1, text="Context size has been exceeded."),
           Trace("error", 1, 2, text="Context size has been exceeded."), Trace("loop"), Trace("step"),

@@ -58,7 +58,14 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
     _, rude = sides(doc, "rude-clients")
     got = {c["name"]: c for c in rude["checks"]}
     assert got["bad-input-handled"]["status"] == "pass" and "400" in got["bad-input-handled"]["detail"], got
-    assert got["conversations-complete"]["status"] == "pass" and not rude["lost"]
+    # every conversation completes, or a user gave up only as the one victim of each overflow, try
+    # after try (terminate-one behind a queue evicts the longest conversation each time it returns:
+    # measured once in a clean-clone CI run, users 3 and 7 evicted 7 times each): starved, reported
+    # as the design's limit, never excused for a request no overflow answers for
+    assert got["conversations-complete"]["status"] == "pass", got["conversations-complete"]
+    assert rude["lost"] == rude["starved"], (rude["lost"], rude["starved"])
+    if rude["starved"]:
+        assert "starved" in got["conversations-complete"]["detail"] and set(rude["overflows"]) == {1}
     # eight users on two slots: six wait in the queue from the first burst on, whatever the timing
     # (lemonade-3276's six on four reach it in most runs, not all: docs/measured.md)
     assert "task-queued" in rude["shapes"], rude["shapes"]
