@@ -315,22 +315,33 @@ def export_cmd(repo, base_ref, candidate_ref, out_dir, patch_name, mutants_json,
 @candidate_options(candidate_help="Candidate ref: its diff is embedded in the script.",
                    patch_help="Candidate: a patch from patches/ (the default).")
 @click.option("--workload", "workloads", multiple=True, help="Default: overflow-4 and victim-first.")
+@click.option("--traffic", "traffic_names", multiple=True, help="Also run a traffic workload (a name from "
+              "fixtures/traffic/, e.g. lmstudio-1757) after the lab workloads: the users' chat turns before and "
+              "after; repeatable. The script exits with verify's code if that fails, else with the traffic's.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 50))
 @click.option("--patchkit-spec", default=None,
               help="What the script pip-installs (a path, a git URL); default: this patchkit's source tree.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
-def repro_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, workloads, repeat, patchkit_spec, out):
+def repro_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, workloads, traffic_names, repeat,
+              patchkit_spec, out):
     """Write a self-contained bash script that reproduces the before/after table on a fresh machine.
 
     Example: patchkit repro --repo ~/llama.cpp --candidate my-fix --out repro.sh && bash repro.sh
+
+    With --traffic lmstudio-1757 the script also serves the users' chat traffic to base and
+    candidate and prints who lost which turns before and after.
     """
     from . import repro
+    from . import traffic as traffic_mod
 
     ui = UI()
+    for name in traffic_names:
+        traffic_mod.load(name)          # a name that does not exist is refused here, not on the reviewer's machine
     r = open_repo(repo, ui)
     text = repro.render(r, base_ref=default_base(base_ref, repo), candidate_ref=candidate_ref, patch_name=patch_name,
                         patch_file=patch_file, commit=commit, workloads=list(workloads) or ["overflow-4", "victim-first"],
-                        repeat=repeat, patchkit_spec=patchkit_spec or repro.default_spec())
+                        repeat=repeat, patchkit_spec=patchkit_spec or repro.default_spec(),
+                        traffic=list(traffic_names))
     out.write_text(text)
     out.chmod(0o755)
     click.echo(str(out))

@@ -2,7 +2,9 @@
 
 The script installs patchkit in a venv, obtains the same tree (the same PyPI sdist, or the
 repo's remote at the same commit), brings the candidate (the named patch, or the exact diff
-embedded in the script), builds both, runs the workloads and prints the before/after table.
+embedded in the script), builds both, runs the workloads and prints the before/after table;
+with traffic workloads, then the users' chat traffic on both (`patchkit traffic`), the users'
+turns before and after.
 Every interpolated value goes through shlex.quote.
 """
 from __future__ import annotations
@@ -59,7 +61,7 @@ def origin(repo: git.Repo, base: str) -> TreeOrigin:
 
 def render(repo: git.Repo, *, base_ref: str | None, candidate_ref: str | None = None, patch_name: str | None = None,
            patch_file: Path | None = None, commit: str | None = None, workloads: list[str], repeat: int = 1,
-           patchkit_spec: str = "patchkit") -> str:
+           patchkit_spec: str = "patchkit", traffic: list[str] = ()) -> str:
     from .verify import choose_base
     base, _ = choose_base(repo, base_ref, candidate_ref)
     org = origin(repo, base)
@@ -76,4 +78,5 @@ def render(repo: git.Repo, *, base_ref: str | None, candidate_ref: str | None = 
         label = f"patch {patch_name or 'evict-largest-slot'}"
     return TEMPLATE.get_template("repro.sh.j2").render(
         origin=org, patch_name=patch_name or "evict-largest-slot", label=label, workloads=workloads, repeat=repeat,
+        traffic=list(traffic),
         diff_b64=base64.b64encode(diff.encode()).decode() if diff else None, patchkit_spec=patchkit_spec)

@@ -605,16 +605,44 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
         checks.append(_rude(t, r))
     hungry = starved(r) if promise == "one-victim" else ()
     lost = [u for u in r.lost if u not in hungry]
-    checks.append(Check("conversations-complete", "fail" if lost else "pass",
-                        (f"users {lost} gave up after {t.retries} regenerates" if lost else
-                         f"{t.users - len(t.oversize) - len(hungry)} users completed {t.turns} turns each" +
-                         (f" (users {list(t.oversize)} were refused, as they must be)" if t.oversize else "")) +
+    must, wrong = refusals(t, r)
+    done = [u.user for u in side.users if u.turns == u.planned]
+    checks.append(Check("conversations-complete", "fail" if lost or wrong else "pass",
+                        ("; ".join(([f"users {lost} gave up after {t.retries} regenerates"] if lost else []) +
+                                   [f"user {u} turn {k} refused although its {n} cells fit the {t.ctx}-cell pool"
+                                    for u, (k, n) in wrong.items()]) if lost or wrong else
+                         f"{len(done)} users completed {t.turns} turns each" +
+                         (f" (users {sorted(must)} were refused a turn longer than the pool, as they must be, "
+                          "and stopped there)" if must else "")) +
                         (f"; users {list(hungry)} starved: every try of the turn they gave up on was the one request "
                          "an overflow ended (terminate-one behind a queue evicts the longest conversation each time it "
                          "returns: a limit of the design, docs/DESIGN.md 7d, not a break of its promise)"
                          if hungry else "")))
     checks.append(Check("serves-after", "pass" if r.serves_after == "completed" else "fail", r.serves_after))
     return replace(side, checks=tuple(checks), starved=hungry)
+
+
+def _cells(messages) -> int:
+    """Cells a conversation's prompt takes with the witness's chat template (toolkit/model.py): a
+    one-character role mark before each message, one character per token, the assistant's mark as
+    the generation prompt."""
+    return sum(1 + len(m["content"]) for m in messages) + 1
+
+
+def refusals(t: Traffic, r: TrafficRun) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
+    """The users refused a turn (a 4xx, not retried), as user -> (turn, prompt cells): those whose
+    prompt is longer than the pool (the server must refuse: no slot can ever hold it) and those
+    whose prompt fit (a refusal with no reason). The cells are counted from the conversation the
+    user held when refused (it ends with the refused turn); one cell of slack for a BOS token and
+    one for the first generated token."""
+    must, wrong = {}, {}
+    for a in r.attempts:
+        if a.cause != "refused":
+            continue
+        conv = r.conversations[a.user] if a.user < len(r.conversations) else ()
+        n = _cells(conv[:2 * a.turn + 1]) if len(conv) > 2 * a.turn else t.ctx + 1
+        (must if n + 2 > t.ctx else wrong)[a.user] = (a.turn, n)
+    return must, wrong
 
 
 def starved(r: TrafficRun) -> tuple[int, ...]:

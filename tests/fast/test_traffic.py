@@ -48,6 +48,21 @@ def test_the_heavy_user_outgrows_its_share_in_lmstudio_by_arithmetic():
     assert max(c[-1] for c in cells) < t.ctx
 
 
+def test_queue_starvation_makes_the_long_conversation_the_victim_by_arithmetic():
+    """User 0's first turn fits the pool alone and overflows beside any other request's prompt; at
+    any overflow it holds more cells than any chat can (its first 512-token batch always fits
+    beside one), and two chats never outgrow the pool between them: whenever user 0 runs beside a
+    chat, terminate-one ends user 0, whatever the timing (margins of 16 cells for template marks)."""
+    t = traffic.load("queue-starvation")
+    plans = traffic.plan(t)
+    cells = [_cells(u) for u in plans]
+    first_prompt = min(1 + len(u[0].message) + 1 for u in plans[1:])
+    chats = max(c[-1] for c in cells[1:])
+    assert cells[0][0] + 16 <= t.ctx < cells[0][0] + first_prompt - 16
+    assert chats + 16 < 512 and 512 + chats + 16 < t.ctx and 2 * chats + 16 < t.ctx
+    assert t.retries == 2 and t.think_s == (0.0, 0.0)
+
+
 def test_bad_files_are_refused_with_the_reason(tmp_path):
     with pytest.raises(UsageError, match="no traffic workload"):
         traffic.load("nope")
@@ -156,6 +171,31 @@ def test_a_user_lost_only_as_the_one_victim_of_each_overflow_is_starved_not_fail
     # no-request-ended: a preemption family never starves by design
     side = traffic.judge(_t(), run, ctl, "preemption")
     assert side.starved == () and "conversations-complete" in {c.name for c in side.checks if c.status == "fail"}
+
+
+def test_a_refusal_is_excused_only_for_a_turn_longer_than_the_pool():
+    """queue-starvation's user 0 under a preemption family: its first turn completes, its second is
+    longer than the pool and refused (a 400, not retried): it must be, and the check says so. The
+    same refusal of a turn that fits is a refusal with no reason, and fails with the cells."""
+    ctl = {"p0": "abcd", "p1": "q"}
+    refused = traffic.Attempt(1, 1, 0, "p2", 0.0, None, 0.1, "exceeds the available context size", 400, "", 1,
+                              None, "refused")
+    att = [_a(0, 0, 0, "p0", "abcd"), _a(0, 1, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q"), refused]
+
+    def run(second: str):
+        conv = ((), ({"role": "user", "content": "x"}, {"role": "assistant", "content": "q"},
+                     {"role": "user", "content": second}))
+        return traffic.TrafficRun("t", "candidate", 2.0, tuple(att), conv, (), "completed", "log", (), (1,), None, 1)
+
+    side = traffic.judge(_t(turns=2), run("y" * 600), ctl)       # 2 + 2 + 601 + 1 cells > 512
+    got = {c.name: c for c in side.checks}
+    assert got["conversations-complete"].status == "pass", got["conversations-complete"]
+    assert "1 users completed 2 turns" in got["conversations-complete"].detail
+    assert "users [1] were refused a turn longer than the pool" in got["conversations-complete"].detail
+    side = traffic.judge(_t(turns=2), run("y" * 40), ctl)
+    got = {c.name: c for c in side.checks}
+    assert got["conversations-complete"].status == "fail"
+    assert "user 1 turn 1 refused although its 46 cells fit the 512-cell pool" in got["conversations-complete"].detail
 
 
 def test_overflows_group_the_errors_of_one_failed_placement():

@@ -107,15 +107,32 @@ def test_verify_takes_a_diff_a_commit_and_a_named_patch_on_c2(c2, c2_patched, tm
 
 
 def test_repro_of_a_patchkit_patch_passes_in_a_fresh_home(c2, c2_patched, tmp_path):
+    """With --traffic the script also serves the users' chat traffic (LM Studio #1757) to base and
+    candidate: the reviewer sees the base end several users' turns at one overflow and the
+    candidate one."""
     script = tmp_path / "repro.sh"
     res = patchkit("repro", "--patch", "evict-largest-slot", "--workload", "overflow-4", "--repeat", "1",
-                   "--out", str(script))
+                   "--traffic", "lmstudio-1757", "--out", str(script))
     assert res.returncode == 0, res.stderr
     assert "CANDIDATE=(--patch evict-largest-slot)" in script.read_text()
     run = run_script(script, tmp_path, "patch")
     out = run.stdout
     assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
     assert "overflow-4: ok" in out and out.strip().endswith("PASS")
+    # the traffic ran after the lab table, on both sides, judged turn by turn; its report is kept
+    lab, users = out.split("traffic lmstudio-1757:", 1)
+    assert lab.strip().endswith("PASS"), "verify's verdict comes first"
+    doc = json.loads((tmp_path / "work-patch" / "report" / "traffic-1" / "traffic.json").read_text())
+    w = next(w for w in doc["workloads"] if w["traffic"] == "lmstudio-1757")
+    base, cand = w["sides"]["base"][0], w["sides"]["candidate"][0]
+    assert any(n > 1 for n in base["overflows"]) and set(cand["overflows"]) == {1}, (base["overflows"],
+                                                                                   cand["overflows"])
+    assert "candidate:" in users and "-> PASS" in users
+    # a traffic workload that does not exist is refused when the script is written, not on the
+    # reviewer's machine
+    res = patchkit("repro", "--traffic", "no-such-traffic", "--out", str(tmp_path / "bad.sh"))
+    assert res.returncode == errors.UsageError.exit_code and "no-such-traffic" in res.stderr, res.stderr
+    assert not (tmp_path / "bad.sh").exists()
     row3 = next(line for line in out.splitlines() if line.strip().startswith("3 ") and "100" in line)
     assert "errored" in row3 and "Context size has been exceeded." in row3
     for slot in "012":

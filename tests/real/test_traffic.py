@@ -69,6 +69,16 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
     # eight users on two slots: six wait in the queue from the first burst on, whatever the timing
     # (lemonade-3276's six on four reach it in most runs, not all: docs/measured.md)
     assert "task-queued" in rude["shapes"], rude["shapes"]
+    # queue-starvation: the long conversation ends at every try while the chats go on, by the
+    # arithmetic (tests/fast/test_traffic.py): starved, the policy's own victim each time, reported;
+    # the eight chats complete every turn
+    _, q = sides(doc, "queue-starvation")
+    got = {c["name"]: c for c in q["checks"]}
+    assert q["outcome"] == "PASS" and q["lost"] == q["starved"] == [0], (q["lost"], q["starved"], q["checks"])
+    tries = [a for a in q["attempts"] if a["user"] == 0]
+    assert len(tries) == 3 and not any(a["ok"] for a in tries) and set(q["overflows"]) == {1}, (tries, q["overflows"])
+    assert len(q["overflows"]) == 3 and "users [0] starved" in got["conversations-complete"]["detail"]
+    assert all(u["turns"] == u["planned"] for u in q["users"][1:]), q["users"]
 
 
 def test_two_victims_per_overflow_fail_the_traffic_for_that_reason(c2_base, tmp_path):
@@ -121,6 +131,17 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
     _, cand = sides(json.loads(res.stdout), "resend-together")
     assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
     assert all(a["ok"] for a in cand["attempts"]) and cand["pressure"] > 0, cand["attempts"]
+    # queue-starvation: the conversation terminate-one starves is parked instead and completes its
+    # first turn; its second is longer than the pool, refused with a 400 as it must be
+    res = patchkit("traffic", "--patch", "park-slot", "--workload", "queue-starvation", "--candidate-only", "--json",
+                   "--report-dir", str(tmp_path / "q"))
+    _, cand = sides(json.loads(res.stdout), "queue-starvation")
+    assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
+    assert not cand["lost"] and not cand["overflows"] and cand["pressure"] > 0, cand
+    first = [a for a in cand["attempts"] if a["user"] == 0 and a["turn"] == 0]
+    assert len(first) == 1 and first[0]["ok"], first
+    got = {c["name"]: c["detail"] for c in cand["checks"]}
+    assert "users [0] were refused a turn longer than the pool" in got["conversations-complete"], got
 
 
 def test_a_reviewers_patch_file_and_a_commit_merged_into_the_base(c2, c2_patched, tmp_path):
