@@ -847,13 +847,13 @@ def referee_rows(rows: tuple[StrategyRow, ...], said: tuple[str, ...]) -> list[s
     """strategy_rows as a markdown table and its claims."""
     def mmm(r):
         return "-" if r is None else f"{r['median']} [{r['min']}-{r['max']}]"
-    lines = ["| strategy | outcome | turns completed | goodput tok/s | latency p99 s | runs all exact | failed attempts |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| strategy | outcome | turns completed | goodput tok/s | latency p99 s | runs all exact | failed attempts "
+             "| users starved |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r.summary
         lines.append(f"| {r.entry} | {r.outcome} | {m['turns_completed']}/{m['turns_planned']} | "
                      f"{mmm(m['goodput_tok_s'])} | {mmm(m['latency_p99_s'])} | {m['turns_exact']}/{m['repeats']} | "
-                     f"{m['failed_attempts']} |")
+                     f"{m['failed_attempts']} | {m['users_starved']} |")
     lines.append("claims: " + ("; ".join(said) if said else
                                "none: no pair's runs separate (every run of one beyond every run of the other) "
                                "after the correction; not ranked"))

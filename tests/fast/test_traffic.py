@@ -279,6 +279,10 @@ def test_the_referee_rows_rank_only_what_the_runs_separate():
     with_base = {"base": tuple(_side(5000, 0.01) for _ in range(5)), **five}
     rows, said = traffic.strategy_rows(t, with_base)
     assert rows[0].entry == "base" and rows[0].outcome == "-" and not any("base" in c for c in said), said
+    # a starved user is a column of its own: the cost of terminate-one behind a queue, beside park
+    starving = {**five, "terminate": tuple(replace(s, starved=(0,)) for s in five["terminate"])}
+    got = lines(starving)
+    assert got[0].endswith("| users starved |") and got[2].endswith("| 5 |") and got[3].endswith("| 0 |"), got
 
 
 def test_a_client_library_failure_is_no_evidence_against_the_server():
