@@ -609,7 +609,9 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
     done = [u.user for u in side.users if u.turns == u.planned]
     checks.append(Check("conversations-complete", "fail" if lost or wrong else "pass",
                         ("; ".join(([f"users {lost} gave up after {t.retries} regenerates"] if lost else []) +
-                                   [f"user {u} turn {k} refused although its {n} cells fit the {t.ctx}-cell pool"
+                                   [f"user {u} turn {k} refused although " +
+                                    (f"its {n} cells fit the {t.ctx}-cell pool" if n >= 0 else
+                                     "no recorded conversation shows it longer than the pool")
                                     for u, (k, n) in wrong.items()]) if lost or wrong else
                          f"{len(done)} users completed {t.turns} turns each" +
                          (f" (users {sorted(must)} were refused a turn longer than the pool, as they must be, "
@@ -640,7 +642,8 @@ def refusals(t: Traffic, r: TrafficRun) -> tuple[dict[int, tuple[int, int]], dic
         if a.cause != "refused":
             continue
         conv = r.conversations[a.user] if a.user < len(r.conversations) else ()
-        n = _cells(conv[:2 * a.turn + 1]) if len(conv) > 2 * a.turn else t.ctx + 1
+        # no recorded conversation holding the refused turn: no evidence it was too long (-1 cells)
+        n = _cells(conv[:2 * a.turn + 1]) if len(conv) > 2 * a.turn else -1
         (must if n + 2 > t.ctx else wrong)[a.user] = (a.turn, n)
     return must, wrong
 
@@ -744,7 +747,8 @@ def _side_text(name: str, s: Side, t: Traffic) -> list[str]:
              f"latency p50/p99 {f(s.latency_p50)}/{f(s.latency_p99)} s"]
     for u in s.users:
         lines.append(f"    user {u.user}: {u.turns}/{u.planned} turns, statuses {dict(u.statuses)}, "
-                     f"{u.failed} regenerated, {u.retries_sdk} SDK retries" + (", GAVE UP" + (" (starved by the policy)" if u.user in s.starved else "") if u.lost else ""))
+                     f"{u.failed} regenerated, {u.retries_sdk} SDK retries" +
+                     ((", GAVE UP" + (" (starved by the policy)" if u.user in s.starved else "")) if u.lost else ""))
     lines.append(f"    shapes reached: {', '.join(s.run.shapes) or 'none'}")
     for c in s.checks:
         lines.append(f"    {c.status.upper():12} {c.name}: {c.detail}")

@@ -196,6 +196,11 @@ def test_a_refusal_is_excused_only_for_a_turn_longer_than_the_pool():
     got = {c.name: c for c in side.checks}
     assert got["conversations-complete"].status == "fail"
     assert "user 1 turn 1 refused although its 46 cells fit the 512-cell pool" in got["conversations-complete"].detail
+    # no recorded conversation holding the refused turn: no evidence it was too long, no excuse
+    bare = replace(run("y" * 600), conversations=((), ()))
+    got = {c.name: c for c in traffic.judge(_t(turns=2), bare, ctl).checks}
+    assert got["conversations-complete"].status == "fail"
+    assert "no recorded conversation shows it longer" in got["conversations-complete"].detail
 
 
 def test_overflows_group_the_errors_of_one_failed_placement():
