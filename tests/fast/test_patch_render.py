@@ -1,5 +1,7 @@
 """Rendering the eviction patch from layout facts: pure text, no processes."""
 import dataclasses
+import re
+from pathlib import Path
 
 import jinja2
 import pytest
@@ -69,6 +71,10 @@ def test_every_layout_and_policy_renders_what_a_maintainer_would_take(layout, po
     assert "MUTANT" not in out and "{{" not in out and "{%" not in out
     assert not any(t in out for t in TODO)  # upstream's TODO is resolved, in its place
     assert f.retry in out
+    # what it logs, it logs as upstream logs a slot's events: SLT_* with the slot and task prefix
+    added = "\n".join(sorted(set(out.splitlines()) - set(SRC.decode().splitlines())))
+    calls = re.findall(r"\b([A-Z]+)_(?:WRN|INF|ERR|DBG)\(", added)
+    assert calls and set(calls) == {"SLT"}, calls
     # every original line but the TODO is still there, in order
     orig = [l for l in SRC.decode().splitlines() if l.strip() and not l.strip().startswith(TODO)]
     lines = out.splitlines()
@@ -99,6 +105,18 @@ def test_the_copied_termination_drops_the_always_true_guard():
     # a guard with an else, or more after it, is not the always-true wrapper: kept verbatim
     other = "if (slot.is_processing()) {\n    a();\n} else {\n    b();\n}"
     assert anchors.unguard(other) == other
+
+
+def test_every_familys_log_lines_carry_the_slot_prefix():
+    """Issue 36: an operator reads which slot and task an eviction, park or resume was about, as
+    upstream's own lines about one slot show it (SLT_*: "slot <fn>: id N | task M | ..."). No
+    family's template logs with the server-wide SRV_* or the bare LOG_* macros."""
+    templates = sorted((Path(patch.__file__).resolve().parents[1] / "patches").glob("*/*.j2"))
+    found: dict[str, list[str]] = {}
+    for t in templates:
+        found.setdefault(t.parent.name, []).extend(re.findall(r"\b([A-Z]+)_(?:WRN|INF|ERR|DBG)\(", t.read_text()))
+    assert {"evict-largest-slot", "park-slot"} <= {k for k, v in found.items() if v}, found
+    assert {m for v in found.values() for m in v} == {"SLT"}, found
 
 
 def test_unknown_policy_and_variant_refused():
