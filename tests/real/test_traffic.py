@@ -71,7 +71,7 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
     assert "task-queued" in rude["shapes"], rude["shapes"]
     # queue-starvation: the long conversation ends at every try while the chats go on, by the
     # arithmetic (tests/fast/test_traffic.py): starved, the policy's own victim each time, reported;
-    # the eight chats complete every turn
+    # the 24 chats complete every turn
     _, q = sides(doc, "queue-starvation")
     got = {c["name"]: c for c in q["checks"]}
     assert q["outcome"] == "PASS" and q["lost"] == q["starved"] == [0], (q["lost"], q["starved"], q["checks"])
