@@ -604,24 +604,32 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
     if t.oversize or t.hangup:
         checks.append(_rude(t, r))
     hungry = starved(r) if promise == "one-victim" else ()
-    lost = [u for u in r.lost if u not in hungry]
-    must, wrong = refusals(t, r)
-    done = [u.user for u in side.users if u.turns == u.planned]
-    checks.append(Check("conversations-complete", "fail" if lost or wrong else "pass",
-                        ("; ".join(([f"users {lost} gave up after {t.retries} regenerates"] if lost else []) +
-                                   [f"user {u} turn {k} refused although " +
-                                    (f"its {n} cells fit the {t.ctx}-cell pool" if n >= 0 else
-                                     "no recorded conversation shows it longer than the pool")
-                                    for u, (k, n) in wrong.items()]) if lost or wrong else
-                         f"{len(done)} users completed {t.turns} turns each" +
-                         (f" (users {sorted(must)} were refused a turn longer than the pool, as they must be, "
-                          "and stopped there)" if must else "")) +
-                        (f"; users {list(hungry)} starved: every try of the turn they gave up on was the one request "
-                         "an overflow ended (terminate-one behind a queue evicts the longest conversation each time it "
-                         "returns: a limit of the design, docs/DESIGN.md 7d, not a break of its promise)"
-                         if hungry else "")))
+    checks.append(_conversations(t, r, side, hungry))
     checks.append(Check("serves-after", "pass" if r.serves_after == "completed" else "fail", r.serves_after))
     return replace(side, checks=tuple(checks), starved=hungry)
+
+
+def _conversations(t: Traffic, r: TrafficRun, side: Side, hungry: tuple[int, ...]) -> Check:
+    """`conversations-complete`: every user completed every turn, but for those refused a turn
+    longer than the pool and those starved by the policy (`hungry`), each named."""
+    lost = [u for u in r.lost if u not in hungry]
+    must, wrong = refusals(t, r)
+    bad = [f"users {lost} gave up after {t.retries} regenerates"] if lost else []
+    bad += [f"user {u} turn {k} refused although " + (f"its {n} cells fit the {t.ctx}-cell pool" if n >= 0 else
+                                                       "no recorded conversation shows it longer than the pool")
+            for u, (k, n) in wrong.items()]
+    if bad:
+        said = "; ".join(bad)
+    else:
+        done = [u.user for u in side.users if u.turns == u.planned]
+        said = f"{len(done)} users completed {t.turns} turns each"
+        if must:
+            said += f" (users {sorted(must)} were refused a turn longer than the pool, as they must be, and stopped there)"
+    if hungry:
+        said += (f"; users {list(hungry)} starved: every try of the turn they gave up on was the one request an "
+                 "overflow ended (terminate-one behind a queue evicts the longest conversation each time it returns: "
+                 "a limit of the design, docs/DESIGN.md 7d, not a break of its promise)")
+    return Check("conversations-complete", "fail" if bad else "pass", said)
 
 
 def _cells(messages) -> int:
