@@ -30,11 +30,13 @@ def test_messages_are_vocabulary_characters_so_they_tokenize_one_per_character()
 
 
 def _cells(turns):
-    """Cells a conversation holds at the end of each turn: role marks, messages, replies."""
-    out, c = [], 0
+    """Cells a conversation holds at the end of each turn (its prompt as traffic counts it, then
+    the longest reply the turn allows)."""
+    out, messages = [], []
     for x in turns:
-        c += 1 + len(x.message) + 1 + x.max_tokens
-        out.append(c)
+        messages.append({"role": "user", "content": x.message})
+        out.append(traffic._cells(messages) + x.max_tokens)
+        messages.append({"role": "assistant", "content": "x" * x.max_tokens})
     return out
 
 
