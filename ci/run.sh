@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED=1
 here=$(pwd -P)
 mods="toolkit, clang.cindex, gguf, git, h11, httpx, jinja2, click, json_source_map, matplotlib, openai"
 spec="."
-if [ "${1:-}" = test ]; then mods="$mods, pytest, hypothesis, yaml"; spec=".[test]"; fi
+if [ "${1:-}" = test ]; then mods="$mods, pytest, xdist, hypothesis, yaml"; spec=".[test]"; fi
 installed=$(cd / && $PY -c "import os, $mods; \
 print(os.path.dirname(os.path.dirname(os.path.realpath(toolkit.__file__))))" 2>/dev/null || true)
 if [ "$installed" != "$here" ] || ! command -v patchkit >/dev/null 2>&1 \
@@ -44,6 +44,8 @@ fi
 
 case "${1:-}" in
   demo) shift; exec patchkit demo "$@" ;;
-  test) shift; exec $PY -m pytest tests -ra -v --durations=30 "$@" ;;
+  # two test processes (PATCHKIT_TEST_WORKERS; 0 runs one): the real tier idles a third of its time
+  # waiting on servers; a file's tests stay in one process, so its shared fixtures are made once
+  test) shift; exec $PY -m pytest tests -ra -v --durations=30 -n "${PATCHKIT_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   *) echo "usage: bash ci/run.sh demo|test [args]" >&2; exit 2 ;;
 esac

@@ -33,6 +33,8 @@ QUIET_LIMIT = 20.0  # a CI log silent for longer reads as a hang (issue 21: none
 
 def pytest_runtest_logstart(nodeid, location):
     _running.update(test=nodeid.split("::", 1)[-1], since=time.monotonic())
+    if WORKER and "/real/" in nodeid:    # a fast test ends in milliseconds: -v's line says enough
+        logging.getLogger("patchkit.tests").info(f"start {_running['test']}")
 
 
 def _watchdog() -> None:
@@ -45,7 +47,47 @@ def _watchdog() -> None:
             say.info(f"still in {_running['test']} ({time.monotonic() - _running['since']:.0f} s into it)")
 
 
-threading.Thread(target=_watchdog, daemon=True, name="quiet-watchdog").start()
+# Two test processes (pytest-xdist, `-n 2` in ci/run.sh): a worker's log_cli output is not shown, so
+# each worker appends its log lines to one relay file and the controlling process prints them as
+# they come, prefixed with the worker's name; the watchdog runs where the tests run.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+RELAY_ENV = "PATCHKIT_TEST_RELAY"
+
+
+class _Relay(logging.Handler):
+    def __init__(self, path: str) -> None:
+        super().__init__(logging.INFO)
+        self.fh = open(path, "a", buffering=1)
+        self.setFormatter(logging.Formatter(f"  %(asctime)s [{WORKER}] %(name)s: %(message)s", "%H:%M:%S"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.fh.write(self.format(record) + "\n")
+
+
+def _tail(path: str) -> None:
+    import sys
+    with open(path) as fh:
+        while True:
+            line = fh.readline()
+            if line:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            else:
+                time.sleep(0.5)
+
+
+def pytest_configure(config):
+    if WORKER and os.environ.get(RELAY_ENV):
+        logging.getLogger().addHandler(_Relay(os.environ[RELAY_ENV]))
+    elif not WORKER and getattr(config.option, "numprocesses", None):
+        import tempfile
+        fd, path = tempfile.mkstemp(prefix="patchkit-test-relay-", suffix=".log")
+        os.close(fd)
+        os.environ[RELAY_ENV] = path         # the workers inherit it: they start after configure
+        config.add_cleanup(lambda: os.path.exists(path) and os.unlink(path))
+        threading.Thread(target=_tail, args=(path,), daemon=True, name="worker-log-relay").start()
+    if WORKER or not getattr(config.option, "numprocesses", None):
+        threading.Thread(target=_watchdog, daemon=True, name="quiet-watchdog").start()
 
 
 def pytest_collection_modifyitems(items):

@@ -18,10 +18,11 @@ integrity, one-sample-per-entry, victim-is-largest on real runs).
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import git
@@ -60,14 +61,18 @@ def added_lines(before: str, after: str) -> set[int]:
     return {n + 1 for tag, _, _, j1, j2 in sm.get_opcodes() if tag in ("insert", "replace") for n in range(j1, j2)}
 
 
-def compile_tu(cmd: codeindex.CompileCommand) -> proc.Result:
+def compile_tu(cmd: codeindex.CompileCommand, ws_root: Path) -> proc.Result:
+    """The TU compiled as CMake compiles it, through ccache as the build is (when installed): a hit
+    replays the compiler's own stdout and stderr (every warning, as the first compile wrote it),
+    and a failed compile is never cached. Measured: a warm test run compiled the same dozen
+    patched TUs afresh each time, 25-45 s each (2026-12-03)."""
     argv = list(cmd.argv)
-    if Path(argv[0]).name == "ccache":
-        argv = argv[1:]  # warnings straight from the compiler
+    if Path(argv[0]).name != "ccache" and shutil.which("ccache"):   # CMake lists the compiler, not its launcher
+        argv = ["ccache", *argv]
     with tempfile.TemporaryDirectory(prefix="patchkit-check-") as tmp:
         if "-o" in argv:
             argv[argv.index("-o") + 1] = str(Path(tmp) / "tu.o")
-        return proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
+        return proc.run(argv, cwd=cmd.directory, timeout=900, check=False, env=build_mod._env(ws_root))
 
 
 def static_checks(tu, facts_like: dict, helper_name: str = patch.HELPER) -> list[Check]:
@@ -170,7 +175,7 @@ def _check(repo: git.Repo, commit: str, ws, spec, progress, compile: bool) -> Ch
     th.start()
     progress(f"compiling {rel} with its compile_commands.json command")
     with heartbeat(progress, lambda: f"compiling {rel}"):
-        res = compile_tu(cmd)
+        res = compile_tu(cmd, ws.root)
     th.join()
     errors, new, old = [], [], 0
     for line in (res.err + res.out).splitlines():
@@ -234,17 +239,24 @@ def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress, 
     src = out_dir / "harness.cpp"
     src.write_text(text[:end] + driver)
     cmd = ws.compile_command(rel)
+    san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"] if sanitize else []
+    # compiled with the TU's own command (through ccache, like compile_tu: the same harness text is a
+    # hit on the next run), then linked against the tree's static libraries
     argv = [a for a in cmd.argv if Path(a).name != "ccache"]
-    argv = [a for a in argv if a != "-c"]
-    argv[argv.index("-o") + 1] = str(out_dir / "harness")
-    argv = [str(src) if Path(a).name == Path(rel).name else a for a in argv]
+    obj = out_dir / "harness.o"
+    argv[argv.index("-o") + 1] = str(obj)
+    argv = [str(src) if Path(a).name == Path(rel).name else a for a in argv] + san
+    if shutil.which("ccache"):
+        argv = ["ccache", *argv]
     libs = sorted(str(p) for p in ws.build.rglob("lib*.a"))
-    argv += ["-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm"]
-    if sanitize:
-        argv += ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
+    link = [next(a for a in argv if Path(a).name != "ccache"), str(obj), "-o", str(out_dir / "harness"),
+            "-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm", *san]
     progress(f"compiling the property harness ({len(libs)} static libraries)")
     with heartbeat(progress, lambda: "compiling the property harness"):
-        res = proc.run(argv, cwd=cmd.directory, timeout=900, check=False)
+        res = proc.run(argv, cwd=cmd.directory, timeout=900, check=False, env=build_mod._env(ws.root))
+        if res.rc == 0:
+            linked = proc.run(link, cwd=cmd.directory, timeout=900, check=False)
+            res = replace(linked, seconds=res.seconds + linked.seconds)
     if res.rc != 0:
         raise PatchError("the property harness did not compile: " + build_mod.first_error(res.err + res.out))
     progress(f"running {iterations} random batches")

@@ -60,13 +60,16 @@ def test_two_fresh_clones_share_one_build_and_leave_no_workspace(c2, c2_base, tm
     (workspaces are keyed by history, so both clones name the default tree's own)."""
     from toolkit import cache
     work = cache.root() / "work"
-    before = set(work.iterdir()) if work.exists() else set()
+    history = build.workspace_root(git.Repo(c2.path), build.Options()).name.split("-")[0]
+    # this tree's workspaces only: another test process (ci/run.sh's -n 2) may build another tree meanwhile
+    ours = lambda: {p for p in work.iterdir() if p.name.startswith(history)} if work.exists() else set()  # noqa: E731
+    before = ours()
     for name in ("one", "two"):
         repo = clone(c2, tmp_path / name)
         got = build.build(repo, source.BASELINE_TAG)
         assert got.reused and got.binary == c2_base.binary, name
         assert build.workspace_root(repo, build.Options()) == build.workspace_root(git.Repo(c2.path), build.Options())
-    assert (set(work.iterdir()) if work.exists() else set()) == before
+    assert ours() == before
 
 
 def test_baseline_overflow_4_reproduces_the_bug(c2_base, tmp_path):
