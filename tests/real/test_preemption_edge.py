@@ -88,7 +88,10 @@ def test_many_resumes_are_each_judged_and_the_starvation_bound_holds(c2, c2_base
     n = int(c["streams-exact"].detail.split(": ")[-1].split()[0])
     assert n >= 12, c["streams-exact"].detail                                   # 18 by the park rules' arithmetic
     most = int(c["parks-bounded"].detail.rsplit("most parks of one request: ", 1)[1].rstrip(")"))
-    assert c["parks-bounded"].status == "pass" and 2 <= most <= 3, c["parks-bounded"].detail  # a request parked again
+    # a request parked again. More than 3 parks keeps the promise when nobody parked fewer times
+    # generated beside it, which parks-bounded judges (a CI run under load measured 4, passed by it):
+    # a bound on the count here would be a bet on timing
+    assert c["parks-bounded"].status == "pass" and most >= 2, c["parks-bounded"].detail
 
 
 def test_hybrid_above_its_budget_recomputes_and_keeps_every_promise(c2, c2_base, tmp_path):
