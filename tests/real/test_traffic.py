@@ -36,10 +36,13 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
     doc = json.loads(res.stdout)
     assert doc["outcome"] == "PASS" and doc["promise"] == "one-victim-per-overflow"
     assert json.loads((tmp_path / "traffic.json").read_text())["outcome"] == "PASS"
+    # the bug, as the users reported it: one overflow ends several users' turns at once. Whether a
+    # base run of these two reaches the n_batch == 1 failure is timing (a CI run in two processes:
+    # lmstudio-1757's base ran out of room once and ended nobody, the candidate then evicted 3
+    # times): one of the two in each run (lemonade's six users on four slots, in every run so far)
+    assert any(n > 1 for name in ("lmstudio-1757", "lemonade-3276") for n in sides(doc, name)[0]["overflows"])
     for name in ("lmstudio-1757", "lemonade-3276"):
         base, cand = sides(doc, name)
-        # the bug, as the users reported it: one overflow ends several users' turns at once
-        assert any(n > 1 for n in base["overflows"]), (name, base["overflows"])
         # (how many turns the base's users lose varies with timing: with backoff they often recover,
         # docs/measured.md; the count of failed attempts is no invariant, who ends per overflow is)
         # the candidate: one request per overflow, and only those retried; every turn exact
