@@ -135,3 +135,28 @@ def test_static_check_catches_the_broken_variant(c2, tmp_path):
     assert not ck.errors
     failed = {c.name for c in ck.static if c.status == "fail"}
     assert "indices-remapped" in failed and not ck.ok
+
+
+def test_a_warning_in_the_patch_is_named_by_a_compile_and_by_its_cached_replay(c2, tmp_path):
+    """`check` compiles through ccache (issue 37): the second compile of the same TU is a hit, and
+    the hit must replay the compiler's diagnostics, or a warning in the patch would pass once cached."""
+    repo = clone(c2, tmp_path / "repo")
+    apply.apply(repo, opts=opts(tmp_path))
+    f = tmp_path / "repo" / "tools/server/server-context.cpp"
+    text = f.read_text()
+    anchor = "std::vector<server_slot *> in_play;\n"
+    assert text.count(anchor) == 1
+    f.write_text(text.replace(anchor, anchor + "        int patchkit_unused_probe = 0;\n"))
+    repo.git.commit("-qam", "a stray variable in the patch")
+
+    def hits() -> int:
+        env = build._env(tmp_path)
+        out = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, env=env, check=True).stdout
+        return sum(int(v) for k, v in (line.split("\t") for line in out.splitlines()) if k.endswith("_cache_hit"))
+
+    for run in ("compiled", "replayed"):
+        before = hits()
+        ck = check.check(repo, opts=opts(tmp_path))
+        assert not ck.errors, (run, ck.errors)
+        assert any("patchkit_unused_probe" in w and "unused" in w for w in ck.new_warnings), (run, ck.new_warnings)
+    assert hits() > before, "the second compile of the same TU was not served by ccache"
