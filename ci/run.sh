@@ -46,6 +46,7 @@ case "${1:-}" in
   demo) shift; exec patchkit demo "$@" ;;
   # two test processes (PATCHKIT_TEST_WORKERS; 0 runs one): the real tier idles a third of its time
   # waiting on servers; a file's tests stay in one process, so its shared fixtures are made once
-  test) shift; exec $PY -m pytest tests -ra -v --durations=30 -n "${PATCHKIT_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
+  # in the collection's order, the longest files first (tests/conftest.py), not xdist's most-tests-first
+  test) shift; exec $PY -m pytest tests -ra -v --durations=30 -n "${PATCHKIT_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" ;;
   *) echo "usage: bash ci/run.sh demo|test [args]" >&2; exit 2 ;;
 esac

@@ -158,6 +158,14 @@ ProgressFn = Callable[[str], None]
 
 
 
+def compiler_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A compile command as the build runs it: through ccache when installed. CMake's
+    compile_commands.json names the compiler, not the launcher the build put in front of it; a
+    command that already starts with ccache keeps it once."""
+    argv = list(argv[1:] if argv and Path(argv[0]).name == "ccache" else argv)
+    return ["ccache", *argv] if shutil.which("ccache") else argv
+
+
 def _env(ws_root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("CCACHE_DIR", str(cache.sub("ccache")))

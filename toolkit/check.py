@@ -18,7 +18,6 @@ integrity, one-sample-per-entry, victim-is-largest on real runs).
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 import threading
 import time
@@ -66,9 +65,7 @@ def compile_tu(cmd: codeindex.CompileCommand, ws_root: Path) -> proc.Result:
     replays the compiler's own stdout and stderr (every warning, as the first compile wrote it),
     and a failed compile is never cached. Measured: a warm test run compiled the same dozen
     patched TUs afresh each time, 25-45 s each (2026-12-03)."""
-    argv = list(cmd.argv)
-    if Path(argv[0]).name != "ccache" and shutil.which("ccache"):   # CMake lists the compiler, not its launcher
-        argv = ["ccache", *argv]
+    argv = build_mod.compiler_argv(cmd.argv)
     with tempfile.TemporaryDirectory(prefix="patchkit-check-") as tmp:
         if "-o" in argv:
             argv[argv.index("-o") + 1] = str(Path(tmp) / "tu.o")
@@ -243,13 +240,12 @@ def _property(repo: git.Repo, commit: str, ws, spec, iterations: int, progress, 
     # compiled with the TU's own command (through ccache, like compile_tu: the same harness text is a
     # hit on the next run), then linked against the tree's static libraries
     argv = [a for a in cmd.argv if Path(a).name != "ccache"]
+    compiler = argv[0]
     obj = out_dir / "harness.o"
     argv[argv.index("-o") + 1] = str(obj)
-    argv = [str(src) if Path(a).name == Path(rel).name else a for a in argv] + san
-    if shutil.which("ccache"):
-        argv = ["ccache", *argv]
+    argv = build_mod.compiler_argv([str(src) if Path(a).name == Path(rel).name else a for a in argv] + san)
     libs = sorted(str(p) for p in ws.build.rglob("lib*.a"))
-    link = [next(a for a in argv if Path(a).name != "ccache"), str(obj), "-o", str(out_dir / "harness"),
+    link = [compiler, str(obj), "-o", str(out_dir / "harness"),
             "-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm", *san]
     progress(f"compiling the property harness ({len(libs)} static libraries)")
     with heartbeat(progress, lambda: "compiling the property harness"):

@@ -62,7 +62,9 @@ def test_two_fresh_clones_share_one_build_and_leave_no_workspace(c2, c2_base, tm
     work = cache.root() / "work"
     history = build.workspace_root(git.Repo(c2.path), build.Options()).name.split("-")[0]
     # this tree's workspaces only: another test process (ci/run.sh's -n 2) may build another tree meanwhile
-    ours = lambda: {p for p in work.iterdir() if p.name.startswith(history)} if work.exists() else set()  # noqa: E731
+
+    def ours() -> set:
+        return {p for p in work.iterdir() if p.name.startswith(history)} if work.exists() else set()
     before = ours()
     for name in ("one", "two"):
         repo = clone(c2, tmp_path / name)
