@@ -46,10 +46,15 @@ LFM2 = ModelSpec(name="tiny-lfm2", arch="lfm2", n_layer=3, seed=3031)
 # The oracle's model: every token depends on the last 1024 cells, their positions and the sampler
 # (toolkit/witness.py; its shape comes from there, these fields only name it)
 WITNESS = ModelSpec(name="witness", arch="witness", n_layer=1, seed=33)
+# The oracle on gemma2's graph and iSWA cache: the same reading of the last 1024 cells, the heads at
+# distances 0-3 in a sliding-window layer (64 cells), the far ones in a global layer
+WITNESS_SWA = ModelSpec(name="witness-swa", arch="witness-swa", n_layer=2, sliding_window=64, seed=33)
+# the witnesses' architectures as llama.cpp loads them (their weights are set by construction)
+WITNESSES = {"witness": "llama", "witness-swa": "gemma2"}
 # the model a workload is served by unless it names another: the one whose stream sees the cells
 DEFAULT = "witness"
 # the tiny families, by the name workloads and `--model` use
-FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2, "witness": WITNESS}
+FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2, "witness": WITNESS, "witness-swa": WITNESS_SWA}
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def ensure(spec: ModelSpec = TINY, out: Path | None = None) -> Model:
 def write(spec: ModelSpec, path: Path) -> None:
     import gguf
 
-    if spec.arch == "witness":
+    if spec.arch in WITNESSES:
         return _write_witness(spec, path)
     if spec.n_embd % spec.n_head:
         raise UsageError(f"n_embd {spec.n_embd} is not a multiple of n_head {spec.n_head}.")
@@ -174,16 +179,17 @@ def _write_witness(spec: ModelSpec, path: Path) -> None:
     e = witness.n_embd(n_vocab)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    swa = spec.arch == "witness-swa"
+    writer = gguf.GGUFWriter(str(tmp), WITNESSES[spec.arch])
     writer.add_name(f"patchkit-{spec.name}")
     writer.add_context_length(spec.context_length)
-    writer.add_embedding_length(e)
-    writer.add_block_count(1)
+    writer.add_embedding_length(witness.swa_n_embd(n_vocab) if swa else e)
+    writer.add_block_count(2 if swa else 1)
     writer.add_feed_forward_length(witness.n_ff(n_vocab, spec.witness_reach))
-    witness.keys(writer, spec)
+    (witness.swa_keys if swa else witness.keys)(writer, spec)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _tokenizer(writer, gguf)
-    witness.tensors(writer, spec, n_vocab, spec.seed)
+    (witness.swa_tensors if swa else witness.tensors)(writer, spec, n_vocab, spec.seed)
     _finish(writer, tmp, path)
 
 

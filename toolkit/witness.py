@@ -193,3 +193,135 @@ def vote_table(n_vocab: int, seed: int, reach: int = 1024) -> np.ndarray:
         table[k, win[k]] = WINNER
         table[k, sorted(runners)] = RUNNER
     return table
+
+
+# ------------------------------------------------------------- the sliding-window witness (gemma2)
+#
+# The same reading of the history, on gemma2's graph and its iSWA cache: layer 0 slides (the
+# ModelSpec's window, 64 cells) and holds the heads at distances 0-3; layer 1 is global and holds
+# the far heads. So both of the cache's parts are read: a cell wrong in the sliding-window cache
+# changes the stream as surely as one in the global cache. gemma2 differs from llama in five
+# places, each met exactly:
+# - the input embedding is scaled by sqrt(n_embd) and the output is TIED to it: the output norm's
+#   gain is 0 on every dimension but the votes, and each token's embedding carries BETA on its own
+#   vote dimension (the logit's other factor), small enough that the current token's own bias
+#   (~0.004 logit) stays far under the winner's 0.5-logit margin;
+# - RMS norms AFTER attention and after the FFN: a head's output s/64 alone would be normalised
+#   to +-1, so each layer's first head also writes a constant M_OUT beside it. The normalised
+#   s is then s/64/M_OUT times a constant, linear to 1e-7 (s/64 <= 28 against 65536), and each
+#   post-norm's output has a constant RMS, so every later norm scales by a constant too;
+# - GELU, not SiLU: ggml's GELU is exact for |x| >= 10 (0 or x), and the ramps are read at
+#   multiples of GATE = 12 from their integers, so a bump is exactly 12 there;
+# - softcaps on the attention scores and the logits: set so wide (1e6, 1e4) that tanh is linear
+#   to 4e-4 on scores <= 32768 (the winning cell's margin stays > 4000) and to 2e-7 on logits;
+# - NEOX RoPE: a head's pair i is dimensions (i, i + 8), not (2i, 2i + 1).
+
+SWA_SHORT = 4                      # the heads at distances 0-3 slide; the rest are global
+D_S0, D_X0, D_S1, D_X1 = 3, 4, 5, 6  # per layer: its heads' sum s_l / 64, and its constant M_OUT
+SWA_VOTE = 7
+M_OUT = 65536.0
+BETA = 1.0 / 256                  # each token's embedding on its own vote dimension (tied output)
+POST_GAIN = 1.0                   # the post-norms' gain on the dimensions they write
+ATTN_SOFTCAP, FINAL_SOFTCAP = 1e6, 1e4
+SWA_EPS = 1e-6
+
+
+def swa_n_embd(n_vocab: int) -> int:
+    return -(-(SWA_VOTE + n_vocab) // 16) * 16
+
+
+def swa_keys(writer, spec) -> None:
+    n_head = len(distances(spec.witness_reach))
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(SWA_EPS)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_freq_base(ROPE_BASE)
+    writer.add_sliding_window(spec.sliding_window)
+    writer.add_attn_logit_softcapping(ATTN_SOFTCAP)
+    writer.add_final_logit_softcapping(FINAL_SOFTCAP)
+
+
+def swa_tensors(writer, spec, n_vocab: int, seed: int) -> None:
+    """Two layers of gemma2, every weight by construction (module comment above)."""
+    dists = distances(spec.witness_reach)
+    e, n_head, hd = swa_n_embd(n_vocab), len(dists), HEAD_DIM
+    f32 = np.float32
+    C = K_CONST ** 2 + ((n_vocab - 1) * CODE_ALPHA) ** 2 + BETA ** 2   # every embedding's sum of squares
+    ids = np.arange(n_vocab)
+    emb = np.zeros((n_vocab, e), f32)
+    emb[:, D_CONST] = K_CONST
+    emb[:, D_CODE] = ids * CODE_ALPHA
+    emb[:, D_COMP] = np.sqrt(C - BETA ** 2 - K_CONST ** 2 - (ids * CODE_ALPHA) ** 2)
+    emb[ids, SWA_VOTE + ids] = BETA
+    writer.add_tensor("token_embd.weight", emb)
+    # The residual is sqrt(e) * embedding, plus POST_GAIN * sqrt(e) per post-norm (unit RMS each):
+    # each norm's input has a constant mean square, so its output is its input times a constant.
+    g2 = POST_GAIN ** 2
+    norm_in = [np.sqrt(e / (C + SWA_EPS)), np.sqrt(e / (C + g2 + SWA_EPS))]   # the attn norms' factor per layer
+    norm_ffn = np.sqrt(e / (C + 2 * g2 + SWA_EPS)) / np.sqrt(e)                # sa_out -> ffn input, per unit
+    theta = ROPE_BASE ** (-2.0 * np.arange(hd // 2) / hd)
+    half = hd // 2
+    for layer in (0, 1):
+        wq = np.zeros((n_head * hd, e), f32)
+        wk = np.zeros((n_head * hd, e), f32)
+        wv = np.zeros((n_head * hd, e), f32)
+        wo = np.zeros((e, n_head * hd), f32)
+        mine = [h for h in range(n_head) if (h < SWA_SHORT) == (layer == 0)]
+        unit = 1.0 / (norm_in[layer] * K_CONST)         # the normalised constant dimension -> 1
+        code = 1.0 / (norm_in[layer] * CODE_ALPHA)      # the normalised code dimension -> the token id
+        d_s, d_x = (D_S0, D_X0) if layer == 0 else (D_S1, D_X1)
+        for h in mine:
+            for i, th in enumerate(theta):
+                wq[h * hd + i, D_CONST] = KAPPA * np.cos(th * dists[h]) * unit
+                wq[h * hd + i + half, D_CONST] = -KAPPA * np.sin(th * dists[h]) * unit
+                wk[h * hd + i, D_CONST] = KAPPA * unit
+            wv[h * hd, D_CODE] = code
+            wo[d_s, h * hd] = 1.0 / S_SCALE
+        if mine:                                         # every cell's 1: the post-norm's anchor
+            wv[mine[0] * hd + 1, D_CONST] = unit
+            wo[d_x, mine[0] * hd + 1] = M_OUT
+        post = np.zeros(e, f32)
+        post[[d_s, d_x]] = POST_GAIN
+        writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(e, f32))
+        for name, t in (("attn_q", wq), ("attn_k", wk), ("attn_v", wv), ("attn_output", wo)):
+            writer.add_tensor(f"blk.{layer}.{name}.weight", t)
+        writer.add_tensor(f"blk.{layer}.post_attention_norm.weight", post)
+        writer.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(e, f32))
+    # layer 0's FFN writes nothing (its post-norm of a zero vector is zero)
+    smax = s_max(n_vocab, spec.witness_reach)
+    cs = np.arange(-1, smax + 2)
+    for name, shape in (("ffn_gate", (len(cs), e)), ("ffn_up", (len(cs), e)), ("ffn_down", (e, len(cs)))):
+        writer.add_tensor(f"blk.0.{name}.weight", np.zeros(shape, f32))
+    writer.add_tensor("blk.0.post_ffw_norm.weight", np.ones(e, f32))
+    # layer 1's FFN: the lookup table on s = s0 + s1; a post-norm writes s_l / 64 as
+    # POST_GAIN * sqrt(e) * (s_l / 64) / M_OUT (to 1e-7), the FFN norm multiplies by norm_ffn
+    per_s = POST_GAIN * np.sqrt(e) / (S_SCALE * np.sqrt(M_OUT ** 2 + e * SWA_EPS)) * norm_ffn
+    one = K_CONST * np.sqrt(e) * norm_ffn                # the FFN input's constant dimension
+    gate = np.zeros((len(cs), e), f32)
+    gate[:, D_S0] = GATE / per_s
+    gate[:, D_S1] = GATE / per_s
+    gate[:, D_CONST] = -GATE * cs / one
+    up = np.zeros((len(cs), e), f32)
+    up[:, D_CONST] = 1.0 / one
+    votes = vote_table(n_vocab, seed, spec.witness_reach)
+    padded = np.zeros((smax + 5, n_vocab), f32)
+    padded[2:smax + 3] = votes
+    down = np.zeros((e, len(cs)), f32)
+    for j, c in enumerate(cs):
+        down[SWA_VOTE:SWA_VOTE + n_vocab, j] = (padded[c + 3] - 2 * padded[c + 2] + padded[c + 1]) / GATE
+    writer.add_tensor("blk.1.ffn_gate.weight", gate)
+    writer.add_tensor("blk.1.ffn_up.weight", up)
+    writer.add_tensor("blk.1.ffn_down.weight", down)
+    ffn_post = np.zeros(e, f32)
+    ffn_post[SWA_VOTE:SWA_VOTE + n_vocab] = POST_GAIN
+    writer.add_tensor("blk.1.post_ffw_norm.weight", ffn_post)
+    # the output: tied to token_embd, so logit_u = gain * x[vote u] * BETA; the vote after its
+    # post-norm is POST_GAIN * sqrt(e) * v / |v| (|v|: a vote row's norm, the same for every s)
+    v_norm = float(np.sqrt(WINNER ** 2 + 3 * RUNNER ** 2))
+    rms_out = np.sqrt(C + 3 * g2)
+    out_norm = np.zeros(e, f32)
+    out_norm[SWA_VOTE:SWA_VOTE + n_vocab] = LOGIT_SCALE * v_norm * rms_out / (BETA * POST_GAIN * np.sqrt(e))
+    writer.add_tensor("output_norm.weight", out_norm)

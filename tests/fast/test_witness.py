@@ -125,3 +125,109 @@ def test_no_change_of_one_token_keeps_the_winner_and_a_mixture_picks_a_third_tok
     assert (third != win[:-1]).all() and (third != win[1:]).all()
     assert (mix.max(1) - np.sort(mix, 1)[:, -2] > 7).all()
     assert (win >= 3).all() and not t[:, :3].any()   # never a special token
+
+
+# ------------------------------------------------------------ the sliding-window witness (gemma2)
+
+def _forward_swa(path, tokens: list[int], window: int = 64):
+    """gemma2's graph in float32 numpy, as llama.cpp builds it (src/models/gemma2.cpp): the input
+    scaled by sqrt(n_embd), two layers (0: sliding window, 1: global), NEOX RoPE, the query scaled
+    by 1/sqrt(16), softcapped scores, an RMSNorm after attention and after the FFN, GELU gating with
+    ggml's exact branch for |x| >= 10, a softcapped output tied to the embedding. Returns the last
+    position's logits and layer l's attention weights there."""
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    t = {x.name: np.array(x.data, dtype=np.float32) for x in r.tensors}
+    hd, half = witness.HEAD_DIM, witness.HEAD_DIM // 2
+    n_head = t["blk.0.attn_q.weight"].shape[0] // hd
+    e = t["token_embd.weight"].shape[1]
+
+    def norm(x, g):
+        return x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + witness.SWA_EPS).astype(np.float32) * g
+
+    def rope(x, pos):            # NEOX: pair i is dimensions (i, i + half) of each head
+        x = x.reshape(len(pos), n_head, hd)
+        theta = pos[:, None] * witness.ROPE_BASE ** (-2.0 * np.arange(half) / hd)[None, :]
+        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * c - b * s, a * s + b * c], -1).reshape(len(pos), -1).astype(np.float32)
+
+    def gelu(x):                 # ggml: 0 below -10, x above 10, the tanh form between (an f16 table)
+        inner = np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))
+        return np.where(x <= -10, 0.0, np.where(x >= 10, x, 0.5 * x * (1 + inner))).astype(np.float32)
+
+    def layer(il: int, x: np.ndarray, queries: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer il on every position's input x, for the last `queries` positions."""
+        pos = np.arange(len(x), dtype=np.float64)
+        h = norm(x, t[f"blk.{il}.attn_norm.weight"])
+        q = rope(h[-queries:] @ t[f"blk.{il}.attn_q.weight"].T, pos[-queries:]) / np.float32(np.sqrt(hd))
+        k = rope(h @ t[f"blk.{il}.attn_k.weight"].T, pos).astype(np.float16).astype(np.float32)
+        v = (h @ t[f"blk.{il}.attn_v.weight"].T).astype(np.float16).astype(np.float32)
+        q, k, v = (a.reshape(len(a), n_head, hd) for a in (q, k, v))
+        scores = np.einsum("qhd,nhd->qhn", q, k)
+        scores = witness.ATTN_SOFTCAP * np.tanh(scores / witness.ATTN_SOFTCAP)
+        ahead = pos[None, :] > pos[-queries:, None]                       # causal
+        if il == 0:
+            ahead |= pos[-queries:, None] - pos[None, :] >= window        # the sliding window
+        scores[np.broadcast_to(ahead[:, None, :], scores.shape)] = -np.inf
+        w = np.exp(scores - scores.max(-1, keepdims=True))
+        w = (w / w.sum(-1, keepdims=True)).astype(np.float32)
+        o = np.einsum("qhn,nhd->qhd", w, v).reshape(queries, -1) @ t[f"blk.{il}.attn_output.weight"].T
+        x = x[-queries:] + norm(o, t[f"blk.{il}.post_attention_norm.weight"])
+        h2 = norm(x, t[f"blk.{il}.ffn_norm.weight"])
+        f = (gelu(h2 @ t[f"blk.{il}.ffn_gate.weight"].T) * (h2 @ t[f"blk.{il}.ffn_up.weight"].T)) \
+            @ t[f"blk.{il}.ffn_down.weight"].T
+        return x + norm(f, t[f"blk.{il}.post_ffw_norm.weight"]), w[-1]
+
+    x = t["token_embd.weight"][tokens] * np.float32(np.sqrt(e))
+    x, w0 = layer(0, x, len(tokens))       # layer 1 reads every position's layer-0 output
+    x, w1 = layer(1, x, 1)
+    logits = (norm(x, t["output_norm.weight"]) @ t["token_embd.weight"].T)[0]
+    return witness.FINAL_SOFTCAP * np.tanh(logits / witness.FINAL_SOFTCAP), (w0, w1)
+
+
+@pytest.fixture(scope="module")
+def swa_file(tmp_path_factory):
+    return model.ensure(model.WITNESS_SWA, tmp_path_factory.mktemp("w") / "witness-swa.gguf")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_sliding_window_witness_computes_the_designed_next_token(swa_file, seed):
+    rng = np.random.default_rng(seed)
+    tokens = [int(x) for x in rng.integers(3, swa_file.n_vocab, 1100)]
+    logits, (w0, w1) = _forward_swa(swa_file.path, tokens)
+    short = witness.SWA_SHORT
+    for h, dist in enumerate(witness.DISTANCES):      # each head on its one cell, in its own layer
+        w = w0[h] if h < short else w1[h]
+        assert w.max() == 1.0 and np.count_nonzero(w) == 1 and int(w.argmax()) == len(tokens) - 1 - dist, dist
+    s = sum(tokens[-1 - d] for d in witness.DISTANCES)
+    votes = witness.vote_table(swa_file.n_vocab, model.WITNESS_SWA.seed)[s]
+    order = np.argsort(logits)[::-1]
+    assert order[0] == votes.argmax() and set(order[1:4]) == set(np.flatnonzero(votes == witness.RUNNER))
+    assert logits[order[0]] - logits[order[1]] > 0.35 and logits[order[0]] - logits[order[4]] > 8
+
+
+def test_the_sliding_window_witness_sees_a_cell_in_each_cache(swa_file):
+    """A cell 2 back (read by the sliding-window layer) and one 512 back (the global layer)."""
+    rng = np.random.default_rng(7)
+    tokens = [int(x) for x in rng.integers(3, swa_file.n_vocab, 1100)]
+    a, _ = _forward_swa(swa_file.path, tokens)
+    for back in (2, 512):
+        edited = list(tokens)
+        edited[-1 - back] = 3 + (edited[-1 - back] - 3 + 1) % (swa_file.n_vocab - 3)
+        b, _ = _forward_swa(swa_file.path, edited)
+        assert a.argmax() != b.argmax(), back
+
+
+def test_without_its_anchor_the_post_norm_erases_s(tmp_path, monkeypatch):
+    """The broken variant: no constant beside a layer's head sum, so gemma2's RMSNorm after the
+    attention turns s/64 into +-1 whatever s is, and the lookup reads the wrong entry."""
+    monkeypatch.setattr(witness, "M_OUT", 0.0)
+    broken = model.ensure(replace(model.WITNESS_SWA, name="witness-swa-unanchored"), tmp_path / "broken.gguf")
+    table = witness.vote_table(broken.n_vocab, model.WITNESS_SWA.seed)
+    wrong = 0
+    for seed in range(3):
+        tokens = [int(x) for x in np.random.default_rng(seed).integers(3, broken.n_vocab, 1100)]
+        logits, _ = _forward_swa(broken.path, tokens)
+        wrong += int(logits.argmax() != table[sum(tokens[-1 - d] for d in witness.DISTANCES)].argmax())
+    assert wrong == 3

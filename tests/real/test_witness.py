@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import httpx
 import numpy as np
+import pytest
 
 from toolkit import model, server, source, witness
 
@@ -18,18 +19,19 @@ def patchkit(*args, **kw):
 
 
 def test_the_witness_sees_every_perturbation_the_tiny_model_sees_none(c2):
-    res = patchkit("sensitivity", "--model", "witness", "--model", "tiny", "--trials", "12", "--gen", "64",
-                   "--seed", "3", "--min-share", "0.99", "--json")
+    res = patchkit("sensitivity", "--model", "witness", "--model", "witness-swa", "--model", "tiny", "--trials", "12",
+                   "--gen", "64", "--seed", "3", "--min-share", "0.99", "--json")
     assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
     got = {m["model"]: m["kinds"] for m in json.loads(res.stdout)["models"]}
-    for kind, k in got["witness"].items():
-        if kind == "batch":
-            assert k["detected"] == 0, "the witness diverged beside other sequences: its comparisons mean nothing"
-        else:
-            # every edit seen but a foreign cell bit-identical to the own one (same token, same
-            # position: nothing for any head to tell apart; about 1 in 110 `cross` edits)
-            assert k["refused"] == 0 and k["detected"] + k["identical"] == k["trials"] == 12, (kind, k)
-            assert k["identical"] == 0 or kind == "cross", (kind, k)
+    for name in ("witness", "witness-swa"):      # llama's graph, and gemma2's with its iSWA cache
+        for kind, k in got[name].items():
+            if kind == "batch":
+                assert k["detected"] == 0, f"{name} diverged beside other sequences: its comparisons mean nothing"
+            else:
+                # every edit seen but a foreign cell bit-identical to the own one (same token, same
+                # position: nothing for any head to tell apart; about 1 in 110 `cross` edits)
+                assert k["refused"] == 0 and k["detected"] + k["identical"] == k["trials"] == 12, (name, kind, k)
+                assert k["identical"] == 0 or kind == "cross", (name, kind, k)
     # the default random model: a stream that does not see its history (the issue's 0 of 25)
     assert got["tiny"]["change"]["detected"] <= 3 and got["tiny"]["shift"]["detected"] <= 3, got["tiny"]
     assert got["tiny"]["batch"]["detected"] == 0
@@ -48,10 +50,11 @@ def test_a_witness_without_its_far_heads_fails_the_min_share_on_far_cells(c2, tm
     assert seen <= 2, row      # only a change within the last 67 cells: p is drawn from 1 .. len-2
 
 
-def _predicted(tokens: list[int], n: int, n_vocab: int) -> list[int]:
+def _predicted(tokens: list[int], n: int, n_vocab: int, seed: int = model.WITNESS.seed) -> list[int]:
     """The construction's greedy continuation: the vote table's winner at s = the sum of the
-    tokens 0, 1, 2, 3, 64, ..., 1024 cells back (every head in range: the history is > 1024)."""
-    table = witness.vote_table(n_vocab, model.WITNESS.seed)
+    tokens 0, 1, 2, 3, 64, ..., 1024 cells back (every head in range: the history is > 1024).
+    Both witnesses read it: gemma2's graph computes the same s, from its two layers."""
+    table = witness.vote_table(n_vocab, seed)
     seq, out = list(tokens), []
     for _ in range(n):
         s = sum(seq[-1 - d] for d in witness.DISTANCES)
@@ -60,8 +63,9 @@ def _predicted(tokens: list[int], n: int, n_vocab: int) -> list[int]:
     return out
 
 
-def test_llama_server_streams_exactly_the_constructed_tokens(c2_base, tmp_path):
-    m = model.ensure(model.WITNESS)
+@pytest.mark.parametrize("spec", [model.WITNESS, model.WITNESS_SWA], ids=lambda s: s.name)
+def test_llama_server_streams_exactly_the_constructed_tokens(c2_base, tmp_path, spec):
+    m = model.ensure(spec)
     rng = random.Random(5)
     prompt = [rng.randrange(3, m.n_vocab) for _ in range(1100)]
     with server.Server(c2_base.binary, m.path, ["-c", "2048", "-np", "1", "-fa", "off", "--cache-ram", "0"],
@@ -73,5 +77,5 @@ def test_llama_server_streams_exactly_the_constructed_tokens(c2_base, tmp_path):
         prompt2 = list(prompt)
         prompt2[-700] = 3 + (prompt2[-700] - 3 + 1) % (m.n_vocab - 3)
         got2 = httpx.post(f"{ep.url}/completion", json=dict(body, prompt=prompt2), timeout=60).json()["tokens"]
-    assert got == _predicted(prompt, 64, m.n_vocab)
-    assert got2 == _predicted(prompt2, 64, m.n_vocab) and got2 != got
+    assert got == _predicted(prompt, 64, m.n_vocab, spec.seed)
+    assert got2 == _predicted(prompt2, 64, m.n_vocab, spec.seed) and got2 != got
