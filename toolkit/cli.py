@@ -200,6 +200,7 @@ def model_cmd(arch: str, out: Path | None, draft: bool) -> None:
       patchkit model                      # the default tiny llama
       patchkit model --arch gemma2        # sliding-window attention (iSWA cache)
       patchkit model --arch witness-swa   # the oracle's model on gemma2's graph: its stream sees every cell
+      patchkit model --arch witness-hybrid  # ... on lfm2's graph: it also sees the recurrent state
     """
     m = model_mod.ensure(model_mod.DRAFT if draft else model_mod.FAMILIES[arch], out)
     click.echo(f"sha256 {m.sha256}  ({m.path.stat().st_size} bytes, {m.n_vocab} tokens)")

@@ -415,8 +415,8 @@ def upstream_tests_cmd(repo, base_ref, candidate_ref, tests, repeat, text_model,
 @repo_option()
 @click.option("--ref", default=None, help="The tree whose libllama runs the harness (default: HEAD; the baseline on "
               "the fetched tree). A server patch does not change it: every patched tree of one base shares it.")
-@click.option("--model", "models", multiple=True, help="A tiny family (witness, witness-swa, tiny, gemma2, lfm2) or a "
-              ".gguf path; repeatable, one column each (default: witness, witness-swa, tiny, gemma2, lfm2).")
+@click.option("--model", "models", multiple=True, help="A tiny family (witness, witness-swa, witness-hybrid, tiny, "
+              "gemma2, lfm2) or a .gguf path; repeatable, one column each (default: all six).")
 @click.option("--trials", default=50, show_default=True, type=click.IntRange(1, 100000),
               help="Histories per model; every kind perturbs each one once.")
 @click.option("--gen", "n_gen", default=64, show_default=True, type=click.IntRange(1, 1024),
@@ -451,7 +451,7 @@ def sensitivity_cmd(repo, ref, models, trials, n_gen, seed, kinds, min_share, as
     with ui.step("perturbation harness"):
         binary = sens.harness(r, commit, progress=ui.progress)
     results = []
-    for name in models or ("witness", "witness-swa", "tiny", "gemma2", "lfm2"):
+    for name in models or ("witness", "witness-swa", "witness-hybrid", "tiny", "gemma2", "lfm2"):
         with ui.step(f"perturb {trials} histories on {name}"):
             results.append(sens.measure(binary, name, trials=trials, n_gen=n_gen, seed=seed,
                                         kinds=tuple(kinds) or sens.KINDS, progress=ui.progress))

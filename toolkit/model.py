@@ -30,7 +30,7 @@ class ModelSpec:
     context_length: int = 8192  # must be >= any -c a workload uses
     seed: int = 1234
     arch: str = "llama"         # llama | gemma2 (sliding window, iSWA cache) | lfm2 (hybrid: short conv + attention)
-    #                             | witness (llama, weights by construction: toolkit/witness.py)
+    #                             | witness, witness-swa, witness-hybrid (llama, gemma2, lfm2: weights by construction, toolkit/witness.py)
     sliding_window: int = 0     # gemma2: smaller than the workloads' prompts
     witness_reach: int = 1024   # witness: its farthest head (0: only the last four cells, a blind variant)
 
@@ -49,12 +49,14 @@ WITNESS = ModelSpec(name="witness", arch="witness", n_layer=1, seed=33)
 # The oracle on gemma2's graph and iSWA cache: the same reading of the last 1024 cells, the heads at
 # distances 0-3 in a sliding-window layer (64 cells), the far ones in a global layer
 WITNESS_SWA = ModelSpec(name="witness-swa", arch="witness-swa", n_layer=2, sliding_window=64, seed=33)
-# the witnesses' architectures as llama.cpp loads them (their weights are set by construction)
-WITNESSES = {"witness": "llama", "witness-swa": "gemma2"}
+# The oracle on lfm2's graph and hybrid memory: the heads in an attention layer, the previous token
+# read from a short conv's recurrent state
+WITNESS_HYBRID = ModelSpec(name="witness-hybrid", arch="witness-hybrid", n_layer=2, seed=33)
 # the model a workload is served by unless it names another: the one whose stream sees the cells
 DEFAULT = "witness"
 # the tiny families, by the name workloads and `--model` use
-FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2, "witness": WITNESS, "witness-swa": WITNESS_SWA}
+FAMILIES = {"tiny": TINY, "gemma2": GEMMA2, "lfm2": LFM2, "witness": WITNESS, "witness-swa": WITNESS_SWA,
+            "witness-hybrid": WITNESS_HYBRID}
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def ensure(spec: ModelSpec = TINY, out: Path | None = None) -> Model:
 def write(spec: ModelSpec, path: Path) -> None:
     import gguf
 
-    if spec.arch in WITNESSES:
+    if spec.arch.startswith("witness"):
         return _write_witness(spec, path)
     if spec.n_embd % spec.n_head:
         raise UsageError(f"n_embd {spec.n_embd} is not a multiple of n_head {spec.n_head}.")
@@ -175,21 +177,20 @@ def _write_witness(spec: ModelSpec, path: Path) -> None:
     import gguf
 
     from . import witness
+    build = witness.CONSTRUCTIONS[spec.arch]
     n_vocab = len(vocabulary())
-    e = witness.n_embd(n_vocab)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    swa = spec.arch == "witness-swa"
-    writer = gguf.GGUFWriter(str(tmp), WITNESSES[spec.arch])
+    writer = gguf.GGUFWriter(str(tmp), build.arch)
     writer.add_name(f"patchkit-{spec.name}")
     writer.add_context_length(spec.context_length)
-    writer.add_embedding_length(witness.swa_n_embd(n_vocab) if swa else e)
-    writer.add_block_count(2 if swa else 1)
+    writer.add_embedding_length(build.n_embd(n_vocab, spec.witness_reach))
+    writer.add_block_count(spec.n_layer)
     writer.add_feed_forward_length(witness.n_ff(n_vocab, spec.witness_reach))
-    (witness.swa_keys if swa else witness.keys)(writer, spec)
+    build.keys(writer, spec, n_vocab)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _tokenizer(writer, gguf)
-    (witness.swa_tensors if swa else witness.tensors)(writer, spec, n_vocab, spec.seed)
+    build.tensors(writer, spec, n_vocab, spec.seed)
     _finish(writer, tmp, path)
 
 

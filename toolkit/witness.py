@@ -24,6 +24,9 @@ The argument is in docs/DESIGN.md ("The witness model"); in short, one layer:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 HEAD_DIM = 16                   # 8 RoPE pairs per head (4 pairs measured 2x slower prompts: ggml's
@@ -67,7 +70,7 @@ def score_gap(hd: int = HEAD_DIM, base: float = ROPE_BASE, kappa: float = KAPPA,
     return kappa ** 2 * deficit / np.sqrt(hd)
 
 
-def n_embd(n_vocab: int) -> int:
+def n_embd(n_vocab: int, reach: int = 1024) -> int:
     return -(-(D_VOTE + n_vocab) // 16) * 16
 
 
@@ -79,7 +82,7 @@ def n_ff(n_vocab: int, reach: int = 1024) -> int:
     return s_max(n_vocab, reach) + 3      # ramps at c = -1 .. s_max + 1
 
 
-def keys(writer, spec) -> None:
+def keys(writer, spec, n_vocab: int) -> None:
     n_head = len(distances(spec.witness_reach))
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head)
@@ -226,11 +229,11 @@ ATTN_SOFTCAP, FINAL_SOFTCAP = 1e6, 1e4
 SWA_EPS = 1e-6
 
 
-def swa_n_embd(n_vocab: int) -> int:
+def swa_n_embd(n_vocab: int, reach: int = 1024) -> int:
     return -(-(SWA_VOTE + n_vocab) // 16) * 16
 
 
-def swa_keys(writer, spec) -> None:
+def swa_keys(writer, spec, n_vocab: int) -> None:
     n_head = len(distances(spec.witness_reach))
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head)
@@ -325,3 +328,142 @@ def swa_tensors(writer, spec, n_vocab: int, seed: int) -> None:
     out_norm = np.zeros(e, f32)
     out_norm[SWA_VOTE:SWA_VOTE + n_vocab] = LOGIT_SCALE * v_norm * rms_out / (BETA * POST_GAIN * np.sqrt(e))
     writer.add_tensor("output_norm.weight", out_norm)
+
+
+# ------------------------------------------------------------------ the hybrid witness (lfm2)
+#
+# The same next token again, on lfm2's graph and its hybrid memory (a KV cache for the attention
+# layer, a recurrent conv state per sequence): layer 0 is attention with the heads at every
+# distance but 1; layer 1 is a short convolution whose state holds the previous token, and it adds
+# that token to s. So s is the same sum as the witness's, and a sequence's recurrent state that is
+# lost, reset or another sequence's changes the stream as surely as a wrong KV cell. lfm2 differs
+# from llama in four places:
+# - n_embd must equal n_head * head_dim (its attention output is n_embd x n_embd): 19 heads of 16;
+# - RMS norms on each head's query and key: every used head's q (and k) has the same norm
+#   (KAPPA per RoPE pair), so a gain of exactly that RMS gives it back;
+# - the conv layer reads the residual AFTER the attention wrote s_att / 64 into it, so the RMS it
+#   normalises by would move with s: every embedding carries an anchor M_OUT (65536) that makes the
+#   residual's RMS constant to 1e-7 (s / 64 <= 35 against 65536), and the anchor is also the
+#   constant the conv's gates and the FFN's ramps read;
+# - the conv: in_proj makes b = 1, c = 1 and x = the token id on one channel, the kernel (0, 1, 0)
+#   over (t-2, t-1, t) picks the previous token from the state, and out_proj adds it / 64 to s.
+
+HY_D_S, HY_D_X, HY_VOTE = 3, 4, 5   # s / 64; the anchor; the votes
+HY_EPS = 1e-5
+HY_L_CACHE = 3                      # the conv's kernel: two cells of state and the current one
+HY_KERNEL = (0.0, 1.0, 0.0)         # over (t - 2, t - 1, t): the previous token, from the state
+
+
+def hybrid_heads(reach: int = 1024) -> tuple[int, ...]:
+    """The attention layer's distances: all but 1, which the conv reads from its state."""
+    return tuple(d for d in distances(reach) if d != 1)
+
+
+def hybrid_n_head(n_vocab: int, reach: int = 1024) -> int:
+    return max(len(hybrid_heads(reach)), -(-(HY_VOTE + n_vocab) // HEAD_DIM))
+
+
+def hybrid_n_embd(n_vocab: int, reach: int = 1024) -> int:
+    return hybrid_n_head(n_vocab, reach) * HEAD_DIM
+
+
+def hybrid_keys(writer, spec, n_vocab: int) -> None:
+    n_head = hybrid_n_head(n_vocab, spec.witness_reach)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv([n_head, 0])        # layer 1 is recurrent (head_count_kv 0)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(HY_EPS)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_freq_base(ROPE_BASE)
+    writer.add_shortconv_l_cache(HY_L_CACHE)
+
+
+def hybrid_tensors(writer, spec, n_vocab: int, seed: int) -> None:
+    """Two layers of lfm2 (attention, short conv), every weight by construction (comment above)."""
+    heads = hybrid_heads(spec.witness_reach)
+    n_head, hd, half = hybrid_n_head(n_vocab, spec.witness_reach), HEAD_DIM, HEAD_DIM // 2
+    e = n_head * hd
+    f32 = np.float32
+    C = K_CONST ** 2 + ((n_vocab - 1) * CODE_ALPHA) ** 2 + M_OUT ** 2
+    ids = np.arange(n_vocab)
+    emb = np.zeros((n_vocab, e), f32)
+    emb[:, D_CONST] = K_CONST
+    emb[:, D_CODE] = ids * CODE_ALPHA
+    emb[:, D_COMP] = np.sqrt(C - M_OUT ** 2 - K_CONST ** 2 - (ids * CODE_ALPHA) ** 2)
+    emb[:, HY_D_X] = M_OUT
+    writer.add_tensor("token_embd.weight", emb)
+    r0 = float(np.sqrt(C / e + HY_EPS))          # every norm's divisor, s's share (<= 2.5e-7) aside
+    theta = ROPE_BASE ** (-2.0 * np.arange(half) / hd)
+    # layer 0: attention
+    wq = np.zeros((e, e), f32)
+    wk = np.zeros((e, e), f32)
+    wv = np.zeros((e, e), f32)
+    wo = np.zeros((e, e), f32)
+    for h, dist in enumerate(heads):
+        for i, th in enumerate(theta):
+            wq[h * hd + i, D_CONST] = KAPPA * np.cos(th * dist) * r0 / K_CONST
+            wq[h * hd + i + half, D_CONST] = -KAPPA * np.sin(th * dist) * r0 / K_CONST
+            wk[h * hd + i, D_CONST] = KAPPA * r0 / K_CONST
+        wv[h * hd, D_CODE] = r0 / CODE_ALPHA
+        wo[HY_D_S, h * hd] = 1.0 / S_SCALE
+    qk_gain = np.full(hd, np.sqrt(KAPPA ** 2 / 2 + HY_EPS), f32)    # a head's RMS: KAPPA / sqrt(2)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(e, f32))
+    writer.add_tensor("blk.0.attn_q_norm.weight", qk_gain)
+    writer.add_tensor("blk.0.attn_k_norm.weight", qk_gain)
+    for name, t in (("attn_q", wq), ("attn_k", wk), ("attn_v", wv), ("attn_output", wo)):
+        writer.add_tensor(f"blk.0.{name}.weight", t)
+    smax = s_max(n_vocab, spec.witness_reach)
+    cs = np.arange(-1, smax + 2)
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(e, f32))
+    for name, shape in (("ffn_gate", (len(cs), e)), ("ffn_up", (len(cs), e)), ("ffn_down", (e, len(cs)))):
+        writer.add_tensor(f"blk.0.{name}.weight", np.zeros(shape, f32))
+    # layer 1: the short conv; channel HY_D_S carries the token id, the kernel picks t - 1
+    in_proj = np.zeros((3 * e, e), f32)            # rows: b, then c, then x (each e channels)
+    in_proj[0 * e + HY_D_S, HY_D_X] = r0 / M_OUT
+    in_proj[1 * e + HY_D_S, HY_D_X] = r0 / M_OUT
+    in_proj[2 * e + HY_D_S, D_CODE] = r0 / CODE_ALPHA
+    conv = np.zeros((e, HY_L_CACHE), f32)
+    conv[HY_D_S] = HY_KERNEL
+    out_proj = np.zeros((e, e), f32)
+    out_proj[HY_D_S, HY_D_S] = 1.0 / S_SCALE
+    writer.add_tensor("blk.1.attn_norm.weight", np.ones(e, f32))
+    writer.add_tensor("blk.1.shortconv.conv.weight", conv)
+    writer.add_tensor("blk.1.shortconv.in_proj.weight", in_proj)
+    writer.add_tensor("blk.1.shortconv.out_proj.weight", out_proj)
+    # layer 1's FFN: the lookup table on s (the anchor is its constant)
+    gate = np.zeros((len(cs), e), f32)
+    gate[:, HY_D_S] = GATE * S_SCALE * r0
+    gate[:, HY_D_X] = -GATE * cs * r0 / M_OUT
+    up = np.zeros((len(cs), e), f32)
+    up[:, HY_D_X] = r0 / M_OUT
+    votes = vote_table(n_vocab, seed, spec.witness_reach)
+    padded = np.zeros((smax + 5, n_vocab), f32)
+    padded[2:smax + 3] = votes
+    down = np.zeros((e, len(cs)), f32)
+    for j, c in enumerate(cs):
+        down[HY_VOTE:HY_VOTE + n_vocab, j] = (padded[c + 3] - 2 * padded[c + 2] + padded[c + 1]) / GATE
+    writer.add_tensor("blk.1.ffn_norm.weight", np.ones(e, f32))
+    writer.add_tensor("blk.1.ffn_gate.weight", gate)
+    writer.add_tensor("blk.1.ffn_up.weight", up)
+    writer.add_tensor("blk.1.ffn_down.weight", down)
+    writer.add_tensor("token_embd_norm.weight", np.ones(e, f32))   # lfm2's name for its output norm
+    out = np.zeros((n_vocab, e), f32)
+    rf = float(np.sqrt((C + WINNER ** 2 + 3 * RUNNER ** 2) / e))
+    out[ids, HY_VOTE + ids] = LOGIT_SCALE * rf
+    writer.add_tensor("output.weight", out)
+
+
+@dataclass(frozen=True)
+class Construction:
+    """A witness as model.py writes it: the architecture llama.cpp loads, its metadata, its weights,
+    and its n_embd."""
+    arch: str
+    keys: Callable       # (writer, spec, n_vocab)
+    tensors: Callable    # (writer, spec, n_vocab, seed)
+    n_embd: Callable     # (n_vocab, reach) -> int
+
+
+CONSTRUCTIONS = {"witness": Construction("llama", keys, tensors, n_embd),
+                 "witness-swa": Construction("gemma2", swa_keys, swa_tensors, swa_n_embd),
+                 "witness-hybrid": Construction("lfm2", hybrid_keys, hybrid_tensors, hybrid_n_embd)}

@@ -1,5 +1,5 @@
 """The tiny GGUF: deterministic bytes, a vocabulary that decodes to valid UTF-8 only."""
-from toolkit import model
+from toolkit import model, witness
 
 
 def test_vocabulary_has_no_byte_tokens_and_no_duplicates():
@@ -53,7 +53,7 @@ def test_every_family_is_deterministic_and_distinct(tmp_path):
         seen[name] = a.sha256
         arch = gguf.GGUFReader(str(a.path)).fields["general.architecture"]
         # a witness is a llama (or gemma2) whose weights are set by construction: loaded as such
-        assert bytes(arch.parts[arch.data[0]]).decode() == model.WITNESSES.get(spec.arch, spec.arch)
+        assert bytes(arch.parts[arch.data[0]]).decode() == getattr(witness.CONSTRUCTIONS.get(spec.arch), "arch", spec.arch)
     assert len(set(seen.values())) == len(seen)
     assert model.GEMMA2.sliding_window < 100, "the window must be shorter than the workloads' prompts"
 

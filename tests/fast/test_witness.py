@@ -231,3 +231,89 @@ def test_without_its_anchor_the_post_norm_erases_s(tmp_path, monkeypatch):
         logits, _ = _forward_swa(broken.path, tokens)
         wrong += int(logits.argmax() != table[sum(tokens[-1 - d] for d in witness.DISTANCES)].argmax())
     assert wrong == 3
+
+
+# ------------------------------------------------------------------ the hybrid witness (lfm2)
+
+def _forward_hybrid(path, tokens: list[int]):
+    """lfm2's graph in float32 numpy (src/models/lfm2.cpp): layer 0 attention with RMS norms on each
+    head's q and k and NEOX RoPE, layer 1 a short conv (in_proj to b, c, x; b*x convolved over
+    (t-2, t-1, t); times c; out_proj), a SwiGLU FFN after each. Returns the last position's logits."""
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    t = {x.name: np.array(x.data, dtype=np.float32) for x in r.tensors}
+    hd, half = witness.HEAD_DIM, witness.HEAD_DIM // 2
+    e = t["token_embd.weight"].shape[1]
+    n_head = e // hd
+
+    def norm(x, g):
+        return x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + witness.HY_EPS).astype(np.float32) * g
+
+    def rope(x, pos):
+        theta = pos[:, None, None] * witness.ROPE_BASE ** (-2.0 * np.arange(half) / hd)[None, None, :]
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * np.cos(theta) - b * np.sin(theta), a * np.sin(theta) + b * np.cos(theta)], -1)
+
+    def ffn(x, il):
+        h = norm(x, t[f"blk.{il}.ffn_norm.weight"])
+        g = h @ t[f"blk.{il}.ffn_gate.weight"].T
+        with np.errstate(over="ignore"):
+            silu = g / (1 + np.exp(-g))
+        return x + (silu * (h @ t[f"blk.{il}.ffn_up.weight"].T)) @ t[f"blk.{il}.ffn_down.weight"].T
+
+    n = len(tokens)
+    pos = np.arange(n, dtype=np.float64)
+    x = t["token_embd.weight"][tokens]
+    h = norm(x, t["blk.0.attn_norm.weight"])
+    q, k, v = ((h @ t[f"blk.0.attn_{w}.weight"].T).reshape(n, n_head, hd) for w in "qkv")
+    q = rope(norm(q[-3:], t["blk.0.attn_q_norm.weight"]), pos[-3:])
+    k = rope(norm(k, t["blk.0.attn_k_norm.weight"]), pos).astype(np.float16).astype(np.float32)
+    scores = np.einsum("qhd,nhd->qhn", q, k) / np.float32(np.sqrt(hd))
+    scores[np.broadcast_to((pos[None, :] > pos[-3:, None])[:, None, :], scores.shape)] = -np.inf
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    o = np.einsum("qhn,nhd->qhd", w, v.astype(np.float16).astype(np.float32)).reshape(3, e)
+    x = ffn(x[-3:] + o @ t["blk.0.attn_output.weight"].T, 0)           # the last three positions
+    h = norm(x, t["blk.1.attn_norm.weight"]) @ t["blk.1.shortconv.in_proj.weight"].T
+    b, c, xx = h[:, :e], h[:, e:2 * e], h[:, 2 * e:]
+    conv = ((b * xx) * t["blk.1.shortconv.conv.weight"].T).sum(0)       # kernel column j on t - 2 + j
+    x = ffn(x[-1] + (c[-1] * conv) @ t["blk.1.shortconv.out_proj.weight"].T, 1)
+    return norm(x, t["token_embd_norm.weight"]) @ t["output.weight"].T
+
+
+@pytest.fixture(scope="module")
+def hybrid_file(tmp_path_factory):
+    return model.ensure(model.WITNESS_HYBRID, tmp_path_factory.mktemp("w") / "witness-hybrid.gguf")
+
+
+def _designed(tokens: list[int], n_vocab: int) -> int:
+    return int(witness.vote_table(n_vocab, model.WITNESS.seed)[sum(tokens[-1 - d] for d in witness.DISTANCES)].argmax())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_hybrid_witness_computes_the_designed_next_token(hybrid_file, seed):
+    tokens = [int(x) for x in np.random.default_rng(seed).integers(3, hybrid_file.n_vocab, 1100)]
+    logits = _forward_hybrid(hybrid_file.path, tokens)
+    order = np.argsort(logits)[::-1]
+    assert order[0] == _designed(tokens, hybrid_file.n_vocab)
+    assert logits[order[0]] - logits[order[1]] > 0.35 and logits[order[0]] - logits[order[4]] > 8
+
+
+def test_the_hybrid_witness_reads_the_previous_token_from_its_conv_not_a_head(hybrid_file):
+    """Distance 1 has no head: the conv's state carries it (so a lost recurrent state is seen)."""
+    assert 1 not in witness.hybrid_heads() and set(witness.hybrid_heads()) | {1} == set(witness.DISTANCES)
+    tokens = [int(x) for x in np.random.default_rng(7).integers(3, hybrid_file.n_vocab, 1100)]
+    a = _forward_hybrid(hybrid_file.path, tokens)
+    tokens[-2] = 3 + (tokens[-2] - 3 + 1) % (hybrid_file.n_vocab - 3)
+    assert _forward_hybrid(hybrid_file.path, tokens).argmax() != a.argmax()
+
+
+def test_a_conv_on_the_current_token_breaks_the_hybrid_witness(tmp_path, monkeypatch):
+    """The broken variant: the kernel on t instead of t - 1 adds the current token twice and the
+    previous one never, so the lookup reads another s (unless the two tokens are equal)."""
+    monkeypatch.setattr(witness, "HY_KERNEL", (0.0, 0.0, 1.0))
+    broken = model.ensure(replace(model.WITNESS_HYBRID, name="witness-hybrid-current"), tmp_path / "broken.gguf")
+    for seed in range(3):
+        tokens = [int(x) for x in np.random.default_rng(seed).integers(3, broken.n_vocab, 1100)]
+        assert tokens[-1] != tokens[-2]
+        assert _forward_hybrid(broken.path, tokens).argmax() != _designed(tokens, broken.n_vocab), seed

@@ -1,5 +1,5 @@
 """The right victim on every model family we can build a tiny model of (the sliding-window witness on gemma2's graph,
-hybrid lfm2), on layouts C2 and D, 3 of 3 runs; the first release's position-span count caught
+the hybrid witness on lfm2's), on layouts C2 and D, 3 of 3 runs; the first release's position-span count caught
 picking the wrong one; no unified pool: nothing changes; a real model (SmolLM2, from its PyPI
 wheel) with real text."""
 import git
@@ -28,7 +28,7 @@ def test_family_victim_is_the_largest(trees, tmp_path, layout, family):
     res = run(trees(LAYOUTS[layout]), tmp_path, names, repeat=3)
     assert res.ok and res.layout == layout, failures(res)
     for wr in res.results:
-        assert wr.model == {"swa": "witness-swa", "hybrid": "lfm2"}[family]
+        assert wr.model == {"swa": "witness-swa", "hybrid": "witness-hybrid"}[family]
         assert len(wr.candidate) == 3
         for c in wr.candidate:
             # the measured largest, not the workload's sizing arithmetic: a skewed start may change it

@@ -19,11 +19,11 @@ def patchkit(*args, **kw):
 
 
 def test_the_witness_sees_every_perturbation_the_tiny_model_sees_none(c2):
-    res = patchkit("sensitivity", "--model", "witness", "--model", "witness-swa", "--model", "tiny", "--trials", "12",
-                   "--gen", "64", "--seed", "3", "--min-share", "0.99", "--json")
+    res = patchkit("sensitivity", "--model", "witness", "--model", "witness-swa", "--model", "witness-hybrid",
+                   "--model", "tiny", "--trials", "12", "--gen", "64", "--seed", "3", "--min-share", "0.99", "--json")
     assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
     got = {m["model"]: m["kinds"] for m in json.loads(res.stdout)["models"]}
-    for name in ("witness", "witness-swa"):      # llama's graph, and gemma2's with its iSWA cache
+    for name in ("witness", "witness-swa", "witness-hybrid"):   # llama's graph, gemma2's (iSWA), lfm2's (hybrid)
         for kind, k in got[name].items():
             if kind == "batch":
                 assert k["detected"] == 0, f"{name} diverged beside other sequences: its comparisons mean nothing"
@@ -53,7 +53,8 @@ def test_a_witness_without_its_far_heads_fails_the_min_share_on_far_cells(c2, tm
 def _predicted(tokens: list[int], n: int, n_vocab: int, seed: int = model.WITNESS.seed) -> list[int]:
     """The construction's greedy continuation: the vote table's winner at s = the sum of the
     tokens 0, 1, 2, 3, 64, ..., 1024 cells back (every head in range: the history is > 1024).
-    Both witnesses read it: gemma2's graph computes the same s, from its two layers."""
+    Every witness computes it: gemma2's graph from its two layers, lfm2's with the previous token
+    read from its conv's recurrent state."""
     table = witness.vote_table(n_vocab, seed)
     seq, out = list(tokens), []
     for _ in range(n):
@@ -63,7 +64,7 @@ def _predicted(tokens: list[int], n: int, n_vocab: int, seed: int = model.WITNES
     return out
 
 
-@pytest.mark.parametrize("spec", [model.WITNESS, model.WITNESS_SWA], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [model.WITNESS, model.WITNESS_SWA, model.WITNESS_HYBRID], ids=lambda s: s.name)
 def test_llama_server_streams_exactly_the_constructed_tokens(c2_base, tmp_path, spec):
     m = model.ensure(spec)
     rng = random.Random(5)
