@@ -41,6 +41,13 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
     # lmstudio-1757's base ran out of room once and ended nobody, the candidate then evicted 3
     # times): one of the two in each run (lemonade's six users on four slots, in every run so far)
     assert any(n > 1 for name in ("lmstudio-1757", "lemonade-3276") for n in sides(doc, name)[0]["overflows"])
+    # and LM Studio #1757's overlap by design, in every run: resend-together's three users send their
+    # second turn at the same moment (the server stopped while they send), so the pool runs out while
+    # all three are in their prompts. The base ends all three at that one overflow; the eviction ends
+    # one, whose retry completes
+    base, cand = sides(doc, "resend-together")
+    assert 3 in base["overflows"], base["overflows"]
+    assert set(cand["overflows"]) == {1} and all(u["turns"] == u["planned"] for u in cand["users"]), cand
     for name in ("lmstudio-1757", "lemonade-3276"):
         base, cand = sides(doc, name)
         # (how many turns the base's users lose varies with timing: with backoff they often recover,
