@@ -117,6 +117,25 @@ def ramps(n_vocab: int, seed: int, reach: int = 1024) -> tuple[np.ndarray, np.nd
     return cs, (padded[cs + 3] - 2 * padded[cs + 2] + padded[cs + 1]) / GATE
 
 
+def lookup(writer, layer: int, e: int, cs: np.ndarray, bumps: np.ndarray, s_dims: tuple[int, ...],
+           s_unit: float, const_dim: int, const_unit: float, vote: int) -> None:
+    """Part 4's FFN at `layer`: ramp c's gate is GATE * (s - c), read from the dimensions that hold s
+    (s = their sum over s_unit, the value one unit of s has there once normalised) and the constant
+    (const_unit: its normalised value); the up projection is that constant, 1; the down projection
+    writes each bump's vote into the vote dimensions from `vote` on."""
+    f32 = np.float32
+    gate = np.zeros((len(cs), e), f32)
+    gate[:, list(s_dims)] = GATE / s_unit
+    gate[:, const_dim] = -GATE * cs / const_unit
+    up = np.zeros((len(cs), e), f32)
+    up[:, const_dim] = 1.0 / const_unit
+    down = np.zeros((e, len(cs)), f32)
+    down[vote:vote + bumps.shape[1]] = bumps.T
+    writer.add_tensor(f"blk.{layer}.ffn_gate.weight", gate)
+    writer.add_tensor(f"blk.{layer}.ffn_up.weight", up)
+    writer.add_tensor(f"blk.{layer}.ffn_down.weight", down)
+
+
 def keys(writer, spec, n_vocab: int) -> None:
     n_head = len(distances(spec.witness_reach))
     writer.add_head_count(n_head)
@@ -156,17 +175,8 @@ def tensors(writer, spec, n_vocab: int, seed: int) -> None:
     smax = s_max(n_vocab, spec.witness_reach)
     cs, bumps = ramps(n_vocab, seed, spec.witness_reach)
     r1 = float(np.sqrt((C + (smax / S_SCALE / 2) ** 2) / e))   # typical RMS after attention
-    gate = np.zeros((len(cs), e), f32)
-    gate[:, D_S] = GATE * S_SCALE * r1
-    gate[:, D_CONST] = -GATE * cs * r1 / K_CONST
-    up = np.zeros((len(cs), e), f32)
-    up[:, D_CONST] = r1 / K_CONST
-    down = np.zeros((e, len(cs)), f32)
-    down[D_VOTE:D_VOTE + n_vocab] = bumps.T
     writer.add_tensor("blk.0.ffn_norm.weight", np.ones(e, f32))
-    writer.add_tensor("blk.0.ffn_gate.weight", gate)
-    writer.add_tensor("blk.0.ffn_up.weight", up)
-    writer.add_tensor("blk.0.ffn_down.weight", down)
+    lookup(writer, 0, e, cs, bumps, (D_S,), 1 / (S_SCALE * r1), D_CONST, K_CONST / r1, D_VOTE)
     writer.add_tensor("output_norm.weight", np.ones(e, f32))
     out = np.zeros((n_vocab, e), f32)
     rf = float(np.sqrt((C + (smax / S_SCALE / 2) ** 2 + WINNER ** 2 + 3 * RUNNER ** 2) / e))
@@ -317,17 +327,7 @@ def swa_tensors(writer, spec, n_vocab: int, seed: int) -> None:
     # POST_GAIN * sqrt(e) * (s_l / 64) / M_OUT (to 1e-7), the FFN norm multiplies by norm_ffn
     per_s = POST_GAIN * np.sqrt(e) / (S_SCALE * np.sqrt(M_OUT ** 2 + e * SWA_EPS)) * norm_ffn
     one = K_CONST * np.sqrt(e) * norm_ffn                # the FFN input's constant dimension
-    gate = np.zeros((len(cs), e), f32)
-    gate[:, D_S0] = GATE / per_s
-    gate[:, D_S1] = GATE / per_s
-    gate[:, D_CONST] = -GATE * cs / one
-    up = np.zeros((len(cs), e), f32)
-    up[:, D_CONST] = 1.0 / one
-    down = np.zeros((e, len(cs)), f32)
-    down[SWA_VOTE:SWA_VOTE + n_vocab] = bumps.T
-    writer.add_tensor("blk.1.ffn_gate.weight", gate)
-    writer.add_tensor("blk.1.ffn_up.weight", up)
-    writer.add_tensor("blk.1.ffn_down.weight", down)
+    lookup(writer, 1, e, cs, bumps, (D_S0, D_S1), per_s, D_CONST, one, SWA_VOTE)
     ffn_post = np.zeros(e, f32)
     ffn_post[SWA_VOTE:SWA_VOTE + n_vocab] = POST_GAIN
     writer.add_tensor("blk.1.post_ffw_norm.weight", ffn_post)
@@ -434,17 +434,8 @@ def hybrid_tensors(writer, spec, n_vocab: int, seed: int) -> None:
     writer.add_tensor("blk.1.shortconv.in_proj.weight", in_proj)
     writer.add_tensor("blk.1.shortconv.out_proj.weight", out_proj)
     # layer 1's FFN: the lookup table on s (the anchor is its constant)
-    gate = np.zeros((len(cs), e), f32)
-    gate[:, HY_D_S] = GATE * S_SCALE * r0
-    gate[:, HY_D_X] = -GATE * cs * r0 / M_OUT
-    up = np.zeros((len(cs), e), f32)
-    up[:, HY_D_X] = r0 / M_OUT
-    down = np.zeros((e, len(cs)), f32)
-    down[HY_VOTE:HY_VOTE + n_vocab] = bumps.T
     writer.add_tensor("blk.1.ffn_norm.weight", np.ones(e, f32))
-    writer.add_tensor("blk.1.ffn_gate.weight", gate)
-    writer.add_tensor("blk.1.ffn_up.weight", up)
-    writer.add_tensor("blk.1.ffn_down.weight", down)
+    lookup(writer, 1, e, cs, bumps, (HY_D_S,), 1 / (S_SCALE * r0), HY_D_X, M_OUT / r0, HY_VOTE)
     writer.add_tensor("token_embd_norm.weight", np.ones(e, f32))   # lfm2's name for its output norm
     out = np.zeros((n_vocab, e), f32)
     rf = float(np.sqrt((C + WINNER ** 2 + 3 * RUNNER ** 2) / e))
