@@ -136,15 +136,20 @@ def lookup(writer, layer: int, e: int, cs: np.ndarray, bumps: np.ndarray, s_dims
     writer.add_tensor(f"blk.{layer}.ffn_down.weight", down)
 
 
-def keys(writer, spec, n_vocab: int) -> None:
-    n_head = len(distances(spec.witness_reach))
+def attention_keys(writer, n_head: int, n_head_kv, eps: float) -> None:
+    """Every witness's heads: 16 dimensions, all of them RoPE-rotated at base 10."""
     writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head)
+    writer.add_head_count_kv(n_head_kv)
     writer.add_key_length(HEAD_DIM)
     writer.add_value_length(HEAD_DIM)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_layer_norm_rms_eps(eps)
     writer.add_rope_dimension_count(HEAD_DIM)
     writer.add_rope_freq_base(ROPE_BASE)
+
+
+def keys(writer, spec, n_vocab: int) -> None:
+    n_head = len(distances(spec.witness_reach))
+    attention_keys(writer, n_head, n_head, 1e-5)
 
 
 def tensors(writer, spec, n_vocab: int, seed: int) -> None:
@@ -268,13 +273,7 @@ def swa_n_embd(n_vocab: int, reach: int = 1024) -> int:
 
 def swa_keys(writer, spec, n_vocab: int) -> None:
     n_head = len(distances(spec.witness_reach))
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_layer_norm_rms_eps(SWA_EPS)
-    writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_rope_freq_base(ROPE_BASE)
+    attention_keys(writer, n_head, n_head, SWA_EPS)
     writer.add_sliding_window(spec.sliding_window)
     writer.add_attn_logit_softcapping(ATTN_SOFTCAP)
     writer.add_final_logit_softcapping(FINAL_SOFTCAP)
@@ -379,13 +378,7 @@ def hybrid_n_embd(n_vocab: int, reach: int = 1024) -> int:
 
 def hybrid_keys(writer, spec, n_vocab: int) -> None:
     n_head = hybrid_n_head(n_vocab, spec.witness_reach)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv([n_head, 0])        # layer 1 is recurrent (head_count_kv 0)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_layer_norm_rms_eps(HY_EPS)
-    writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_rope_freq_base(ROPE_BASE)
+    attention_keys(writer, n_head, [n_head, 0], HY_EPS)    # layer 1 is recurrent (head_count_kv 0)
     writer.add_shortconv_l_cache(HY_L_CACHE)
 
 
