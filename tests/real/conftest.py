@@ -79,6 +79,13 @@ def c2_patched(c2, c2_base):
     return build.build(repo, sha)
 
 
+# A contributor's identity for commits made in the cache's shared trees (their config has none,
+# and CI's fresh HOME has no global one: git refuses "Please tell me who you are")
+WHO = {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com", "GIT_COMMITTER_NAME": "dev",
+       "GIT_COMMITTER_EMAIL": "dev@example.com", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+       "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
+
+
 def commit_on(repo: git.Repo, parent: str, files: dict[str, str], msg: str) -> str:
     """A commit of `files` on `parent` (a PR's head, as a contributor would push it), made with a
     private index: the checkout, its index and its refs are not touched."""
@@ -91,10 +98,7 @@ def commit_on(repo: git.Repo, parent: str, files: dict[str, str], msg: str) -> s
         blob = repo.git.hash_object("-w", str(tmp))
         repo.git.update_index("--add", "--cacheinfo", f"100644,{blob},{path}", env=env)
     tree = repo.git.write_tree(env=env)
-    who = {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com", "GIT_COMMITTER_NAME": "dev",
-           "GIT_COMMITTER_EMAIL": "dev@example.com", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
-           "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
-    return repo.git.commit_tree(tree, "-p", parent, "-m", msg, env=who)
+    return repo.git.commit_tree(tree, "-p", parent, "-m", msg, env=WHO)
 
 
 def broken_variant(tree: source.Tree, tmp_path: Path, patch_name: str, variant: str, wl: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ import pytest
 
 from toolkit import apply, export, promises, source
 
-from .conftest import clone, commit_on
+from .conftest import WHO, clone, commit_on
 
 
 def patchkit(*args):
@@ -77,7 +77,7 @@ def test_every_family_is_recognised_by_its_code_with_its_policy(c2, family, poli
     repo = git.Repo(c2.path)
     base = source.resolve(repo, source.BASELINE_TAG)
     cand, _ = apply.candidate_commit(repo, base, family, policy)
-    squashed = repo.git.commit_tree(f"{cand}^{{tree}}", "-p", base, "-m", "server: a change")   # no trailer
+    squashed = repo.git.commit_tree(f"{cand}^{{tree}}", "-p", base, "-m", "server: a change", env=WHO)   # no trailer
     d = promises.recognise(repo, base, squashed)
     assert d is not None and (d.family, d.policy) == (family, policy), d
     assert d.own == promises.of_family(family, policy, "").own
