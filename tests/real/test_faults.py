@@ -359,7 +359,12 @@ def test_stop_all_also_kills_a_child_it_never_recorded():
     from toolkit import proc
     p = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not through proc: never recorded
     try:
-        assert p.pid in proc.marked(os.environ[proc.OWNER])
+        # the clean-clone CI once read the child's /proc environ as unmarked right after Popen
+        # returned: wait for the mark (a missing one after 10 s is the failure)
+        deadline = time.monotonic() + 10
+        while p.pid not in proc.marked(os.environ[proc.OWNER]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert p.pid in proc.marked(os.environ[proc.OWNER]), open(f"/proc/{p.pid}/environ", "rb").read()[:400]
         proc.stop_all()
         assert p.wait(timeout=10) == -signal.SIGKILL
     finally:
