@@ -54,6 +54,29 @@ class Facts:
     enum_indent: str = ""
     resume_at: int = -1       # line start of update_slots' statement that calls pre_decode() (parked slots
     resume_indent: str = ""   # come back just before the batch is built)
+    # where /metrics' Prometheus text is final: (offset, indent, sink) per place, the sink being the
+    # expression a family's counters are written into (`res->data +=`, `prometheus <<`)
+    metrics_sites: tuple[tuple[int, str, str], ...] = ()
+    public_at: int = -1       # line start after the server struct's first `public:` (-1: it has none, a
+                              # struct's members are public where the helper goes)
+
+    def __post_init__(self):  # read back from the facts cache's JSON, the sites are lists
+        object.__setattr__(self, "metrics_sites", tuple(tuple(s) for s in self.metrics_sites))
+
+
+# The /metrics handler's text, final: a statement that assigns it (`res->data = res_task->to_metrics();`
+# on C2 and D, `res->data = prometheus.str();` on C) is followed by an append; one that sends it
+# (`res.set_content(prometheus.str(), ...)` on A and B) is preceded by a write into the stream. Found
+# by text: the handler is a lambda in a route table, and these statements are the only two shapes
+# upstream has used since the endpoint came (one place each, two on D: a sleeping server's too).
+METRICS_ASSIGN = re.compile(rb"^([ \t]*)([\w.>-]+) = [\w.>-]*(?:to_metrics\(\)|prometheus\.str\(\));[^\n]*\n", re.M)
+METRICS_SEND = re.compile(rb"^([ \t]*)\w+\.set_content\(prometheus\.str\(\)", re.M)
+
+
+def metrics_sites(source: bytes) -> tuple[tuple[int, str, str], ...]:
+    sites = [(m.end(), m[1].decode(), m[2].decode() + " +=") for m in METRICS_ASSIGN.finditer(source)]
+    sites += [(m.start(), m[1].decode(), "prometheus <<") for m in METRICS_SEND.finditer(source)]
+    return tuple(sorted(sites))
 
 
 def find_server_file(root: Path) -> str:
@@ -229,10 +252,14 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     prompt_len = "(int32_t) SLOT.task->n_tokens()" if "->task" in task_id else "(int32_t) SLOT.n_prompt_tokens"
     generated = "SLOT.n_decoded" if "n_decoded" in slot else "SLOT.stats.n_gen"
     enum_at, enum_indent, resume_at, resume_indent = _preemption_anchors(tu, source, owner, methods)
+    public = next((ch for ch in owner_cursor.get_children() if ch.kind == K.CXX_ACCESS_SPEC_DECL
+                   and ch.access_specifier.name == "PUBLIC"), None)
+    public_at = source.index(b"\n", public.extent.start.offset) + 1 if public is not None else -1
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
-                 hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent)
+                 hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
+                 metrics_sites(source), public_at)
 
 
 def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:

@@ -367,12 +367,15 @@ class Promises:
     - resume_path: how a parked slot comes back, "swap" (its sequence read back from host memory)
       or "recompute" (nothing held); "" not promised (a hybrid budget between 0 and no limit);
     - resume_cells: what a resumed slot holds, "exact" (the cells it held at the park) or "pending"
-      (those and its pending sampled token, decoded with them); "": either (the property's band).
+      (those and its pending sampled token, decoded with them); "": either (the property's band);
+    - counters: its /metrics counts what it does (llamacpp:kv_full_*), each counter equal to the
+      events measured.
     promises.py says where a candidate's promises come from (a trailer, its code, a declaration)."""
     witness: bool = False
     park_bound: int = 0
     resume_path: str = ""
     resume_cells: str = ""
+    counters: bool = False
 
 
 NONE = Promises()
@@ -443,6 +446,8 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
         checks = unchanged(m)
     elif mode == "one-victim":
         checks = one_victim(m, witness_expected=own.witness and side == "candidate")
+        if own.counters and side == "candidate":
+            checks.append(counters(m, "eviction"))
     else:
         raise ValueError(f"unknown expectation '{mode}' in workload {wl.name}")
     if side == "candidate" and wl.expect.integrity:
@@ -457,6 +462,38 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
 # A pause may hold at most this many server steps in which nothing decoded at all: the resume is
 # tried at the top of every step, so with nothing running a parked request must come back at once.
 IDLE_STEPS_BOUND = 2
+
+
+EVICTIONS, PARKS, RESUMES, PARKED = ("llamacpp:kv_full_evictions_total", "llamacpp:kv_full_parks_total",
+                                     "llamacpp:kv_full_resumes_total", "llamacpp:requests_parked")
+RECOMPUTED, PARKED_BYTES = "llamacpp:kv_full_recomputed_cells_total", "llamacpp:kv_full_parked_bytes"
+
+
+def counters(m: Measured, expect: str) -> Check:
+    """A series that promises counters (patchkit's: llamacpp:kv_full_* in /metrics, read once after
+    the workload and its probes) is held to the events measured: each eviction is a request the
+    clients saw end with an error; each park a pause in upstream's log, each resume a pause that
+    came back, each recomputed cell one the resumed slot held; and nothing is left parked."""
+    run = m.run
+    if run.metrics is None:
+        return Check("metrics-count-events", "skip", "/metrics was not read: the server did not answer after the run")
+    if expect == "eviction":
+        want = {EVICTIONS: (sum(o.outcome == "errored" for o in run.outcomes), "requests ended with an error")}
+    else:
+        ps = [p for v in m.pauses.values() for p in v]
+        back = [p for p in ps if p.resumed]
+        want = {PARKS: (len(ps), "pauses measured"), RESUMES: (len(back), "pauses that came back"),
+                PARKED: (0, "every request ended")}
+        if run.metric(RECOMPUTED) is not None:
+            want[RECOMPUTED] = (sum(p.cells for p in back if not p.restored), "cells held by the recomputed resumes")
+        if run.metric(PARKED_BYTES) is not None:
+            want[PARKED_BYTES] = (0, "every request ended")
+    wrong = [f"{name} {run.metric(name)!s}, measured {n} ({what})" if run.metric(name) is not None else
+             f"{name} missing from /metrics (promised; measured {n} {what})"
+             for name, (n, what) in want.items() if run.metric(name) != n]
+    return _check("metrics-count-events", not wrong, "; ".join(wrong) if wrong else
+                  "/metrics after the run: " + ", ".join(f"{name.split(':')[1]} {n}" for name, (n, _) in want.items())
+                  + ", as measured")
 
 
 def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promises = NONE) -> list[Check]:
@@ -546,6 +583,8 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promis
             f"every resume ({len(resumed)}) came back as its series promises: "
             + ("its sequence read back from host memory (upstream's state reader)" if own.resume_path == "swap"
                else "recomputed, nothing read back from host memory")))
+    if own.counters:
+        checks.append(counters(m, "preemption"))
     if control is None:
         checks.append(Check("streams-exact", "skip", "no control run"))
     else:

@@ -157,9 +157,12 @@ def state(text: str, spec: PatchSpec) -> str:
 ANCHORS = (
     "batch-surgery",       # the batch's surgery: a server_batch member, or a free function before the server
     "server-method",       # a method of the server context, before the one holding the decode handler
+    "server-public",       # members of the server context that other threads may use (its public section)
     "decode-handler",      # replaces upstream's all-slots error loop (the TODO) in the decode handler
     "slot-state-enum",     # a value appended to enum slot_state
     "before-pre-decode",   # a statement before update_slots' pre_decode() call
+    "metrics-text",        # a statement where /metrics' text is final, at every such place; the part's
+                           # METRICS_SINK is that place's sink (`res->data +=`, `prometheus <<`)
 )
 DEFAULT_PARTS = {"surgery.cpp.j2": "batch-surgery", "helper.cpp.j2": "server-method", "hook.cpp.j2": "decode-handler"}
 
@@ -178,30 +181,38 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
     ctx = dict(f=facts, helper=spec.helper, surgery=SURGERY, policy=policy, stage=stage, **spec.params)
     edit = _variant_edit(env, spec, variant, ctx) if variant else (lambda text: text)
     member = facts.batch_model != "plain"
-    edits: list[tuple[int, str]] = []  # (offset, text) inserted; the decode handler's part replaces a range
-    hook = None
+    edits: list[tuple[int, int, str]] = []  # (start, end, text): [start, end) replaced, an insertion if empty
     rendered = {template: env.get_template(template).render(**ctx) for template, _ in spec.parts}
     rendered = edit(rendered)
     for template, anchor in spec.parts:
         text = rendered[template]
         if anchor == "decode-handler":
+            # the hook takes the place of upstream's TODO, or goes first in the branch
             hook = "\n" + textwrap.indent(text.rstrip("\n"), facts.hook_indent, lambda l: l.strip() != "")
+            end = facts.hook_end if facts.hook_end > 0 else facts.hook_at
+            edits.append((facts.hook_at, end, hook + ("" if facts.hook_end > 0 else "\n")))
+            continue
+        if anchor == "metrics-text":
+            if not facts.metrics_sites:
+                raise LayoutError(f"{facts.file}: layout {facts.layout} has no place where /metrics' text is "
+                                  f"final, for '{spec.name}''s counters.")
+            edits += [(at, at, textwrap.indent(text.replace("METRICS_SINK", sink), indent, lambda l: l.strip() != ""))
+                      for at, indent, sink in facts.metrics_sites]
             continue
         at, indent = _anchor(facts, anchor, spec)
         text = textwrap.indent(text, indent, lambda l: l.strip() != "")
         if anchor == "batch-surgery":
             text = ("\n" + text) if member else (text + "\n")
-        elif anchor == "server-method":
+        elif anchor in ("server-method", "server-public"):
             text += "\n"
-        edits.append((at, text))
-    if hook is None:
+        edits.append((at, at, text))
+    if not any(anchor == "decode-handler" for _, anchor in spec.parts):
         raise UsageError(f"'{spec.name}' has no part at the decode-handler anchor: nothing would call it.")
-    hook_end = facts.hook_end if facts.hook_end > 0 else facts.hook_at
+    assert facts.surgery_at < facts.helper_at < facts.hook_at
     # edit from the latest offset back, so the earlier ones stay valid
-    assert facts.surgery_at < facts.helper_at < facts.hook_at <= hook_end
-    out = source[: facts.hook_at] + hook.encode() + (b"" if facts.hook_end > 0 else b"\n") + source[hook_end:]
-    for at, text in sorted(edits, key=lambda e: -e[0]):
-        out = out[:at] + text.encode() + out[at:]
+    out = source
+    for start, end, text in sorted(edits, key=lambda e: -e[0]):
+        out = out[:start] + text.encode() + out[end:]
     return out
 
 
@@ -260,6 +271,8 @@ def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
         return facts.surgery_at, "    " if facts.batch_model != "plain" else ""
     if anchor == "server-method":
         return facts.helper_at, facts.helper_indent
+    if anchor == "server-public":
+        return (facts.public_at if facts.public_at >= 0 else facts.helper_at), facts.helper_indent
     at, indent, what = {"slot-state-enum": (facts.enum_at, facts.enum_indent, "enum slot_state"),
                         "before-pre-decode": (facts.resume_at, facts.resume_indent,
                                               "a pre_decode() step in update_slots")}[anchor]

@@ -30,7 +30,10 @@ from .pauses import PARK_BOUND
 EXPECTS = ("eviction", "preemption")
 RESUME_PATHS = ("swap", "recompute")
 RESUME_CELLS = ("exact", "pending")
-KEYS = {"like", "expect", "policy", "park_bound", "resume_path", "resume_cells", "eviction_log"}
+KEYS = {"like", "expect", "policy", "park_bound", "resume_path", "resume_cells", "eviction_log", "counters"}
+# what patchkit's series define to append their counters to /metrics (a series exported before they
+# had counters is recognised without that promise)
+COUNTERS_MARK = r"\bstd::string kv_full_metrics\(\) const"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class Declared:
         if self.own.resume_cells:
             what.append("resume holding exactly its cells" if self.own.resume_cells == "exact"
                         else "resume holding its cells and its pending token")
+        if self.own.counters:
+            what.append("/metrics counts them")
         return "; ".join(what) + f" ({self.family + ', ' if self.family else ''}{self.source})"
 
 
@@ -66,7 +71,7 @@ def of_family(name: str, policy: str, source: str, env: dict[str, str] | None = 
         witness=spec.expect == "eviction",
         park_bound=PARK_BOUND if preempts else 0,
         resume_path=patch_mod.resume_path(name, env) if preempts else "",
-        resume_cells=("pending" if pending else "exact") if preempts else ""), name, source)
+        resume_cells=("pending" if pending else "exact") if preempts else "", counters=True), name, source)
 
 
 def load(path: Path, env: dict[str, str] | None = None) -> Declared:
@@ -79,6 +84,8 @@ def load(path: Path, env: dict[str, str] | None = None) -> Declared:
         resume_path = "swap"    # swap: read back from host memory; recompute: nothing held
         resume_cells = "exact"  # exact: the cells it held; pending: those and its pending token
         eviction_log = false    # patchkit's log line per eviction ("KV cache is full: terminating slot")
+        counters = true         # /metrics counts them: llamacpp:kv_full_evictions_total, or _parks_total,
+                                # _resumes_total, requests_parked (and _recomputed_cells_total, _parked_bytes)
     """
     where = f"the promises file {path}"
     try:
@@ -115,7 +122,8 @@ def load(path: Path, env: dict[str, str] | None = None) -> Declared:
     expect = pick("expect", EXPECTS) or base.expect
     own = base.own
     for key, allowed, cast in (("park_bound", (), int), ("resume_path", RESUME_PATHS, str),
-                               ("resume_cells", RESUME_CELLS, str), ("eviction_log", (), bool)):
+                               ("resume_cells", RESUME_CELLS, str), ("eviction_log", (), bool),
+                               ("counters", (), bool)):
         v = pick(key, allowed, cast)
         if v is not None:
             own = replace(own, **{"witness" if key == "eviction_log" else key: v})
@@ -162,7 +170,8 @@ def recognise(repo: git.Repo, base: str, cand: str) -> Declared | None:
     if best is None:
         return None
     _, name, policy, path = best
-    return of_family(name, policy, f"code: {name}'s definitions in {path}")
+    d = of_family(name, policy, f"code: {name}'s definitions in {path}")
+    return replace(d, own=replace(d.own, counters=bool(re.search(COUNTERS_MARK, _text(repo, cand, path)))))
 
 
 def _text(repo: git.Repo, commit: str, path: str) -> str:

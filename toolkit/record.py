@@ -94,6 +94,26 @@ class Run:
     pool_probe: str = ""
     # the sanitizer runtimes the server binary carries (runner.binary_sanitizers: measured from it)
     sanitized: tuple[str, ...] = ()
+    # /metrics after the workload and its probes, (name, value) per unlabelled sample; None: not read
+    # (the server was not answering)
+    metrics: tuple[tuple[str, float], ...] | None = None
+
+    def metric(self, name: str) -> float | None:
+        return dict(self.metrics or ()).get(name)
+
+
+def metrics_from_text(text: str) -> tuple[tuple[str, float], ...]:
+    """The Prometheus text's unlabelled samples ("name value" lines; comments and labelled series
+    left out)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#") and "{" not in parts[0]:
+            try:
+                out.append((parts[0], float(parts[1])))
+            except ValueError:
+                continue
+    return tuple(out)
 
 
 SANITIZER_RE = re.compile(r"(ERROR: AddressSanitizer.*|runtime error: .*|ERROR: LeakSanitizer.*|"

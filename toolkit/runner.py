@@ -30,8 +30,8 @@ import httpx
 from . import measure
 from .errors import UsageError
 from .exchange import exchange
-from .record import (Run, Sample, events_from_log, largest_gap, launch_times, pool_cells, sanitizer_findings,
-                     trace_from_log)
+from .record import (Run, Sample, events_from_log, largest_gap, launch_times, metrics_from_text, pool_cells,
+                     sanitizer_findings, trace_from_log)
 from .server import Server
 from .workload import Request, Workload, prompt_ids
 
@@ -134,7 +134,8 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
     """A fresh server, every request, a follow-up probe, the server stopped."""
     # upstream's own per-step log (each slot's batch entry and cells, each token, retries, errors):
     # the exact record measure.py judges from, whatever the client's scheduling was
-    args = wl.server.argv() + ["--verbose"]
+    # and its /metrics, read once after the workload: what an operator's scrape would see
+    args = wl.server.argv() + ["--verbose", "--metrics"]
     if wl.server.draft:
         if draft is None:
             raise UsageError(f"workload {wl.name} needs a draft model.")
@@ -176,12 +177,21 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
                           stream=False)
             o = exchange(ep.port, (big,), 120)[0]
             pool_probe = "completed" if o.outcome == "completed" else f"{o.outcome}: {o.error or 'no error text'}"
+        metrics = _scrape(srv) if alive else None
         code = srv.returncode()
     text = log_path.read_text(errors="replace")
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
                sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text),
-               pool_probe=pool_probe, sanitized=binary_sanitizers(binary))
+               pool_probe=pool_probe, sanitized=binary_sanitizers(binary), metrics=metrics)
+
+
+def _scrape(srv: Server) -> tuple[tuple[str, float], ...] | None:
+    try:
+        r = srv.get("/metrics", timeout=30.0)
+    except httpx.HTTPError:
+        return None
+    return metrics_from_text(r.text) if r.status_code == 200 else None
 
 
 # A runtime's entry symbol: present in a binary linked with -fsanitize=..., absent otherwise.

@@ -23,6 +23,13 @@ struct server_context {
         return true;
     }
 };
+
+void routes(server_context & ctx_server) {
+    auto get_metrics = [&](response * res) {
+        res->data = res_task->to_metrics();
+        return res;
+    };
+}
 """
 
 
@@ -38,7 +45,7 @@ def facts(**kw):
                           "    slot.prompt_clear();\n}",
                 frees_cells=True, cache_tokens="prompt.tokens", task_id="(SLOT->task ? SLOT->task->id : -1)",
                 surgery_at=surgery_at, helper_at=helper_at, helper_indent="    ", hook_at=hook_at, hook_indent="                ",
-                hook_end=hook_end)
+                hook_end=hook_end, metrics_sites=anchors.metrics_sites(SRC))
     base.update(kw)
     return anchors.Facts(**base)
 
@@ -71,6 +78,9 @@ def test_every_layout_and_policy_renders_what_a_maintainer_would_take(layout, po
     assert "MUTANT" not in out and "{{" not in out and "{%" not in out
     assert not any(t in out for t in TODO)  # upstream's TODO is resolved, in its place
     assert f.retry in out
+    # its counter goes out with upstream's own in /metrics
+    assert "        res->data = res_task->to_metrics();\n        // the KV-full counters after upstream's own\n" \
+           "        res->data += ctx_server.kv_full_metrics();\n" in out
     # what it logs, it logs as upstream logs a slot's events: SLT_* with the slot and task prefix
     added = "\n".join(sorted(set(out.splitlines()) - set(SRC.decode().splitlines())))
     calls = re.findall(r"\b([A-Z]+)_(?:WRN|INF|ERR|DBG)\(", added)
@@ -147,3 +157,18 @@ def test_state_is_read_from_the_definitions():
     assert patch.state(SRC.decode(), SPEC) == "clean"
     cut = out.replace(f"void {patch.SURGERY}(int32_t id_slot", "void other(int32_t id_slot", 1)
     assert patch.state(cut, SPEC) == "partial"
+
+
+def test_the_metrics_text_is_found_in_each_shape_upstream_has_used():
+    """/metrics' text is final where it is assigned (C, C2, D: after it, an append) or sent (A, B:
+    before it, a write into the stream); a server without either has no place for the counters."""
+    c2 = b"    {\n        res->data = res_task->to_metrics();\n        return res;\n"
+    at, indent, sink = anchors.metrics_sites(c2)[0]
+    assert (c2[:at].endswith(b"to_metrics();\n"), indent, sink) == (True, "        ", "res->data +=")
+    a = b"        prometheus << x;\n        res.set_content(prometheus.str(), \"text/plain; version=0.0.4\");\n"
+    assert anchors.metrics_sites(a) == ((a.index(b"        res.set_content"), "        ", "prometheus <<"),)
+    d = c2 + b"            res->data = tmp.to_metrics();\n"
+    assert len(anchors.metrics_sites(d)) == 2   # D: a sleeping server's cached text too
+    assert anchors.metrics_sites(b"res->data = other();\n") == ()
+    with pytest.raises(Exception, match="no place where /metrics' text is final"):
+        patch.render(SRC, facts(metrics_sites=()), SPEC, stage=1)

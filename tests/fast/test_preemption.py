@@ -180,6 +180,13 @@ struct server_context {
         return true;
     }
 };
+
+void routes(server_context & ctx_server) {
+    auto get_metrics = [&](response * res) {
+        res->data = res_task->to_metrics();
+        return res;
+    };
+}
 """
 
 
@@ -191,7 +198,8 @@ def facts(**kw):
                 surgery_at=SRC.index(b"struct server_context"), helper_at=SRC.index(b"    bool decode"),
                 helper_indent="    ", hook_at=SRC.index(b"ret == 1) {") + len(b"ret == 1) {"),
                 hook_indent="            ", enum_at=SRC.index(b"};"), enum_indent="    ",
-                resume_at=SRC.index(b"        try {"), resume_indent="        ")
+                resume_at=SRC.index(b"        try {"), resume_indent="        ",
+                metrics_sites=anchors.metrics_sites(SRC))
     base.update(kw)
     return anchors.Facts(**base)
 

@@ -17,14 +17,15 @@ def write(tmp_path, text):
 def test_a_declaration_like_a_family_gets_that_familys_promises(tmp_path):
     d = promises.load(write(tmp_path, 'like = "park-slot"\npolicy = "smallest"\n'))
     assert (d.expect, d.policy, d.family) == ("preemption", "smallest", "park-slot")
-    assert d.own == compare.Promises(park_bound=PARK_BOUND, resume_path="swap", resume_cells="exact")
+    assert d.own == compare.Promises(park_bound=PARK_BOUND, resume_path="swap", resume_cells="exact", counters=True)
     assert d.own == promises.of_family("park-slot", "smallest", "x").own
     assert "resume by swap" in d.text and f"file {tmp_path}" in d.text
 
 
 def test_each_family_promises_what_its_design_does():
     own = {f: promises.of_family(f, "largest", "x").own for f in patch.families()}
-    assert own["evict-largest-slot"] == compare.Promises(witness=True)
+    assert own["evict-largest-slot"] == compare.Promises(witness=True, counters=True)
+    assert all(o.counters for o in own.values())   # every family's /metrics counts what it does
     assert own["recompute-slot"].resume_cells == "exact" and own["recompute-slot"].resume_path == "recompute"
     assert own["recompute-prefill-slot"].resume_cells == "pending"   # its pending token decoded with the history
 
@@ -35,6 +36,8 @@ def test_a_declaration_of_its_own_overrides_key_by_key(tmp_path):
     assert d.own == compare.Promises(park_bound=5, resume_path="recompute")
     d = promises.load(write(tmp_path, 'expect = "eviction"\npolicy = "newest"\neviction_log = true\n'))
     assert d.own == compare.Promises(witness=True) and d.policy == "newest"
+    d = promises.load(write(tmp_path, 'like = "evict-largest-slot"\ncounters = false\n'))
+    assert d.own == compare.Promises(witness=True) and "/metrics" not in d.text
 
 
 @pytest.mark.parametrize("text,why", [
