@@ -59,6 +59,8 @@ class Facts:
     metrics_sites: tuple[tuple[int, str, str], ...] = ()
     public_at: int = -1       # line start after the server struct's first `public:` (-1: it has none, a
                               # struct's members are public where the helper goes)
+    slot_json_at: int = -1    # line start after `{"is_processing", is_processing()},` in the slot's /slots
+    slot_json_indent: str = ""  # JSON (-1: not there)
 
     def __post_init__(self):  # read back from the facts cache's JSON, the sites are lists
         object.__setattr__(self, "metrics_sites", tuple(tuple(s) for s in self.metrics_sites))
@@ -71,6 +73,10 @@ class Facts:
 # upstream has used since the endpoint came (one place each, two on D: a sleeping server's too).
 METRICS_ASSIGN = re.compile(rb"^([ \t]*)([\w.>-]+) = [\w.>-]*(?:to_metrics\(\)|prometheus\.str\(\));[^\n]*\n", re.M)
 METRICS_SEND = re.compile(rb"^([ \t]*)\w+\.set_content\(prometheus\.str\(\)", re.M)
+
+
+# A slot's /slots entry: the preemption families add their state beside upstream's is_processing.
+SLOT_JSON = re.compile(rb'^([ \t]*)\{"is_processing", +is_processing\(\)\},[^\n]*\n', re.M)
 
 
 def metrics_sites(source: bytes) -> tuple[tuple[int, str, str], ...]:
@@ -255,11 +261,13 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     public = next((ch for ch in owner_cursor.get_children() if ch.kind == K.CXX_ACCESS_SPEC_DECL
                    and ch.access_specifier.name == "PUBLIC"), None)
     public_at = source.index(b"\n", public.extent.start.offset) + 1 if public is not None else -1
+    slot_json = SLOT_JSON.search(source)
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
-                 metrics_sites(source), public_at)
+                 metrics_sites(source), public_at, slot_json.end() if slot_json else -1,
+                 slot_json[1].decode() if slot_json else "")
 
 
 def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:

@@ -161,6 +161,7 @@ ANCHORS = (
     "decode-handler",      # replaces upstream's all-slots error loop (the TODO) in the decode handler
     "slot-state-enum",     # a value appended to enum slot_state
     "before-pre-decode",   # a statement before update_slots' pre_decode() call
+    "slot-json",           # a field of a slot's /slots entry, after upstream's is_processing
     "metrics-text",        # a statement where /metrics' text is final, at every such place; the part's
                            # METRICS_SINK is that place's sink (`res->data +=`, `prometheus <<`)
 )
@@ -275,7 +276,9 @@ def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
         return (facts.public_at if facts.public_at >= 0 else facts.helper_at), facts.helper_indent
     at, indent, what = {"slot-state-enum": (facts.enum_at, facts.enum_indent, "enum slot_state"),
                         "before-pre-decode": (facts.resume_at, facts.resume_indent,
-                                              "a pre_decode() step in update_slots")}[anchor]
+                                              "a pre_decode() step in update_slots"),
+                        "slot-json": (facts.slot_json_at, facts.slot_json_indent,
+                                      "a slot's is_processing in /slots")}[anchor]
     if at < 0:
         raise LayoutError(f"{facts.file}: layout {facts.layout} has no place for '{spec.name}' ({what}); "
                           "the preemption patches are written for layouts C2 and D.")

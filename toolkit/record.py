@@ -44,6 +44,7 @@ class Sample:
     cells: int                 # n_prompt_tokens as /slots reports it (informational)
     processing: bool
     generated: int = -1        # next_token.n_decoded: tokens sampled so far (-1: not reported)
+    parked: bool = False       # is_parked: a preemption family's parked slot (upstream has no such field)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ def _poll_slots(srv: Server, t0: float, stop: threading.Event, into: list[Sample
                 if isinstance(nxt, list):
                     nxt = nxt[0] if nxt else {}
                 into.append(Sample(t, int(s["id"]), int(s.get("n_prompt_tokens", 0) or 0),
-                                   bool(s.get("is_processing")), int(nxt.get("n_decoded", -1))))
+                                   bool(s.get("is_processing")), int(nxt.get("n_decoded", -1)),
+                                   bool(s.get("is_parked"))))
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass
         stop.wait(POLL_S)

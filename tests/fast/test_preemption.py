@@ -165,6 +165,15 @@ SRC = b"""enum slot_state {
     SLOT_STATE_GENERATING,
 };
 
+struct server_slot {
+    json to_json() const {
+        return {
+            {"id",            id},
+            {"is_processing", is_processing()},
+        };
+    }
+};
+
 struct server_context {
     void update_slots() {
         try {
@@ -199,7 +208,8 @@ def facts(**kw):
                 helper_indent="    ", hook_at=SRC.index(b"ret == 1) {") + len(b"ret == 1) {"),
                 hook_indent="            ", enum_at=SRC.index(b"};"), enum_indent="    ",
                 resume_at=SRC.index(b"        try {"), resume_indent="        ",
-                metrics_sites=anchors.metrics_sites(SRC))
+                metrics_sites=anchors.metrics_sites(SRC), slot_json_at=anchors.SLOT_JSON.search(SRC).end(),
+                slot_json_indent="            ")
     base.update(kw)
     return anchors.Facts(**base)
 
@@ -216,6 +226,9 @@ def test_the_preemption_patches_render_every_policy_and_are_recognised(name, pol
     assert ("llama_decode(c, b)" in out) == (name == "recompute-slot")
     assert patch.state(out, spec) == "applied" and patch.state(SRC.decode(), spec) == "clean"
     assert patch.state(out, patch.load_patch()) == "partial"  # the eviction's surgery, not its helper
+    # operators see a parked slot: in /slots beside upstream's is_processing, and in /metrics
+    assert '{"is_processing", is_processing()},\n            {"is_parked",     state == SLOT_STATE_PREEMPTED},' in out
+    assert "res->data += ctx_server.kv_full_metrics();" in out
 
 
 def test_a_layout_without_a_pre_decode_step_is_refused_with_the_layouts_that_have_one():

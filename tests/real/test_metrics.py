@@ -4,9 +4,11 @@ events measured: evictions from the clients' errors, parks and resumes from upst
 variant that gets only the count wrong is killed by metrics-count-events alone."""
 import re
 
+import git
 import pytest
 
-from toolkit import measure
+from toolkit import measure, source, verify, workload
+from toolkit.ui import UI
 
 from .conftest import broken_variant
 from .test_preemption import failures, judge
@@ -37,6 +39,8 @@ def test_parks_and_resumes_are_counted_as_measured(trees, tmp_path, patch_name):
     ps = [p for v in measure.pauses(run).values() for p in v]
     assert ps and run.metric(PARKS) == len(ps) == run.metric(RESUMES), (ps, run.metrics)
     assert run.metric("llamacpp:requests_parked") == 0
+    # /slots shows a slot parked only while it is: never one that did not pause
+    assert {s.slot for s in run.samples if s.parked} <= set(measure.pauses(run))
     if patch_name == "park-slot":   # swapped: its host bytes were given back
         assert run.metric("llamacpp:kv_full_parked_bytes") == 0
         assert run.metric("llamacpp:kv_full_recomputed_cells_total") is None
@@ -54,3 +58,16 @@ def test_a_count_that_is_wrong_is_killed_by_the_counter_check_alone(c2, c2_base,
     k = broken_variant(c2, tmp_path, patch_name, variant, "overflow-4")
     assert set(k) == {"metrics-count-events"}, k   # every request, stream and log line is right
     assert re.search(reason, k["metrics-count-events"]), k
+
+
+def test_slots_shows_a_parked_slot_as_parked_and_processing(c2, c2_base, tmp_path):
+    """/slots says which slot is parked (`is_parked`, beside upstream's `is_processing`: a parked
+    slot is processing, its task alive). never-resumed keeps slot 3 parked until the log cap ends
+    the run, so the /slots poller sees it parked whatever the timing."""
+    res = verify.verify(git.Repo(c2.path), base_ref=source.BASELINE_TAG, patch_name="park-slot", variant="never-resumed",
+                        workloads=[workload.load("overflow-4")], out_dir=tmp_path, ui=UI(quiet=True))
+    run = res.results[0].candidate[0]
+    parked = [s for s in run.samples if s.parked]
+    assert parked and {s.slot for s in parked} == set(measure.pauses(run)), (parked[:3], measure.pauses(run))
+    assert all(s.processing for s in parked)
+    assert not any(s.parked for s in res.results[0].base[0].samples)   # upstream has no such state
