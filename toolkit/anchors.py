@@ -67,8 +67,8 @@ class Facts:
 
 
 # The /metrics handler's text, final: a statement that assigns it (`res->data = res_task->to_metrics();`
-# on C2 and D, `res->data = prometheus.str();` on C) is followed by an append; one that sends it
-# (`res.set_content(prometheus.str(), ...)` on A and B) is preceded by a write into the stream. Found
+# on C2 and D, `res->data = prometheus.str();` on B and C) is followed by an append; one that sends it
+# (`res.set_content(prometheus.str(), ...)` on A) is preceded by a write into the stream. Found
 # by text: the handler is a lambda in a route table, and these statements are the only two shapes
 # upstream has used since the endpoint came (one place each, two on D: a sleeping server's too).
 METRICS_ASSIGN = re.compile(rb"^([ \t]*)([\w.>-]+) = [\w.>-]*(?:to_metrics\(\)|prometheus\.str\(\));[^\n]*\n", re.M)

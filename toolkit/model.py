@@ -133,7 +133,9 @@ def ensure(spec: ModelSpec = TINY, out: Path | None = None) -> Model:
 def write(spec: ModelSpec, path: Path) -> None:
     import gguf
 
-    if spec.arch.startswith("witness"):
+    from . import witness
+
+    if spec.arch in witness.CONSTRUCTIONS:
         return _write_witness(spec, path)
     if spec.n_embd % spec.n_head:
         raise UsageError(f"n_embd {spec.n_embd} is not a multiple of n_head {spec.n_head}.")

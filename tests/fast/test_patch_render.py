@@ -160,7 +160,7 @@ def test_state_is_read_from_the_definitions():
 
 
 def test_the_metrics_text_is_found_in_each_shape_upstream_has_used():
-    """/metrics' text is final where it is assigned (C, C2, D: after it, an append) or sent (A, B:
+    """/metrics' text is final where it is assigned (B to D: after it, an append) or sent (A:
     before it, a write into the stream); a server without either has no place for the counters."""
     c2 = b"    {\n        res->data = res_task->to_metrics();\n        return res;\n"
     at, indent, sink = anchors.metrics_sites(c2)[0]

@@ -155,3 +155,40 @@ def test_a_parked_request_is_spared_when_nobody_is_left_to_park(c2, c2_base, tmp
     k = broken(c2, tmp_path / "v", "park-slot", "parked-not-spared", "park-beside-family")
     assert re.search(r"slot 2: errored after \d+/300 tokens \(Context size has been exceeded\.\)",
                      k["no-request-fails"]), k
+
+
+def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_path):
+    """Issue 36 item 4: the new states under the sanitizers, once. hybrid-slot holds both resume
+    paths in one binary (no budget: every park swapped; LLAMA_ARG_PREEMPT_RAM=0: every park
+    recomputed), built with ASan+UBSan on the TU the patch changes and the KV cache it frees cells
+    in. Runs: a park (overflow-4), parks again and again (many-resumes-8) and a parked slot spared
+    beside an n_cmpl family that outgrows the pool alone (park-beside-family). Zero findings, and
+    every preemption check still holds."""
+    import json
+    import subprocess
+    import sys
+
+    from toolkit import model, promises, runner
+    from .test_verify import SANITIZE_SCOPE
+
+    repo = git.Repo(c2.path)
+    sha, _ = apply.candidate_commit(repo, source.resolve(repo, source.BASELINE_TAG), "hybrid-slot")
+    res = subprocess.run([sys.executable, "-m", "toolkit", "build", "--repo", str(c2.path), "--ref", sha, "--sanitize",
+                          "address,undefined", *sum((["--sanitize-only", f] for f in SANITIZE_SCOPE), []), "--json"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    binary = json.loads(res.stdout)["binary"]
+    seen = set()
+    for budget in (None, "0"):
+        env = {"LLAMA_ARG_PREEMPT_RAM": budget} if budget else None
+        own = promises.of_family("hybrid-slot", "largest", "x", env).own
+        for name in ("overflow-4", "many-resumes-8", "park-beside-family"):
+            wl = workload.load(name)
+            r = runner.run(binary, model.resolve(wl.model, lambda s: None).path, wl, tmp_path / f"{name}.{budget}.log",
+                           probe_pool=True, env=env)
+            assert r.sanitized == ("address", "undefined") and not r.sanitizer, (name, budget, r.sanitizer)
+            v = verify.judge(wl, "candidate", r, expect="preemption", own=own)
+            assert not [c for c in v.checks if c.status == "fail"], (name, budget, [(c.name, c.detail) for c in v.checks
+                                                                                   if c.status == "fail"])
+            seen |= {("swap" if p.restored else "recompute") for ps in measure.pauses(r).values() for p in ps}
+    assert seen == {"swap", "recompute"}   # both resume paths ran under the sanitizers
