@@ -288,7 +288,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     right_res = verify_mod.run_suite(repo, base, sha, workloads, work_dir=out_dir / "schema", expect="eviction",
                                      evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
                                      shapes=spec.shapes, candidate_env={operators.ENV: "0"},
-                                     model_name=model_name)
+                                     model_name=model_name, family=spec.name)  # the family's promises
     if not right_res.ok:
         bad = [f"{w.workload.name}: {c.name}" for w in right_res.results for v in w.verdicts for c in v.checks
                if c.status == "fail"]
@@ -328,7 +328,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
             res = verify_mod.run_suite(repo, base, sha, [wl], work_dir=out_dir / f"m{m.id}", expect="eviction",
                                        evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
                                        shapes=spec.shapes, candidate_env={operators.ENV: str(m.id)},
-                                       model_name=model_name)
+                                       model_name=model_name, family=spec.name)
             fails = [(c, v) for w in res.results for v in w.verdicts if v.side == "candidate" for c in v.checks
                      if c.status == "fail"]
             if fails:
