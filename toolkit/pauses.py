@@ -27,10 +27,10 @@ class Pause:
                             # "state_read_meta ... dest_seq_id" for its slot, after its park): a swap
 
 
-@lru_cache(maxsize=64)  # compare, unfreed_parks, the report and the referee all ask, per run
-def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
-    """Every pause of every workload request (slot -> pauses, in order). A slot whose entries stop
-    before its request ended and never come back has one last pause with resumed=False."""
+@lru_cache(maxsize=64)
+def _entries(run: Run) -> tuple[dict, list, dict]:
+    """Upstream's log, per workload request: slot -> [step, cells, sampled] of each batch entry;
+    per step, whether any slot had an entry; slot -> the steps its sequence was read back in."""
     first: dict[int, int] = {}
     seen: dict[int, list[list[int]]] = {}  # slot -> [step index, cells, sampled] of each entry
     busy: list[bool] = []                  # per step: did any slot have an entry
@@ -52,6 +52,14 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
             # step, before the slot's next entry, is a resume's own (a recompute that decoded the pending
             # token with the history samples its successor there): the entry itself was taken out undecoded
             seen[t.slot][-1][2] = 1
+    return seen, busy, restores
+
+
+@lru_cache(maxsize=64)  # compare, unfreed_parks, the report and the referee all ask, per run
+def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
+    """Every pause of every workload request (slot -> pauses, in order). A slot whose entries stop
+    before its request ended and never come back has one last pause with resumed=False."""
+    seen, busy, restores = _entries(run)
     outs = {o.slot: o for o in run.outcomes}
     out: dict[int, tuple[Pause, ...]] = {}
     for slot, entries in seen.items():
@@ -79,6 +87,16 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
         if ps:
             out[slot] = tuple(ps)
     return out
+
+
+def unseen_parks(run: Run) -> int:
+    """Entries taken out undecoded (no sample in their step) and made again at once, with no step
+    of another slot between: a park that came back at the next step (a slot finished in the step
+    it was parked in) leaves no pause to time, so `pauses` cannot count it; this is how many there
+    may be."""
+    seen, busy, _ = _entries(run)
+    return sum(1 for entries in seen.values() for (i, _, sampled), (j, _, _) in zip(entries, entries[1:])
+               if not sampled and not sum(busy[i + 1:j]))
 
 
 def unfreed_parks(run: Run) -> list[str]:

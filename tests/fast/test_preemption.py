@@ -424,3 +424,22 @@ def test_a_request_bigger_than_the_pool_is_excused_only_once_it_alone_filled_it(
     assert "excused as a limit of this design, not as impossible" in ended(411).detail
     c = ended(241)
     assert c.status == "fail" and "ended holding 682 of 1024 cells, before it alone filled it" in c.detail, c.detail
+
+
+def test_the_counters_allow_only_the_parks_upstreams_log_cannot_time():
+    """A park that comes back at the very next step (a slot finished in the step it was parked in)
+    leaves no step of another slot between its entries: no pause to measure. metrics-count-events
+    lets the counters exceed the pauses by exactly those, never by more, and never fall short."""
+    from toolkit import pauses
+
+    r = run(back_after=0)
+    assert measure.pauses(r) == {} and pauses.unseen_parks(r) == 1 and pauses.unseen_parks(run()) == 0
+    own = compare.Promises(counters=True)
+
+    def count(parks, resumes, parked=0.0, r=r):
+        m = ((compare.PARKS, parks), (compare.RESUMES, resumes), (compare.PARKED, parked))
+        return checks(dataclasses.replace(r, metrics=m), own=own)["metrics-count-events"]
+
+    assert count(1.0, 1.0).status == "pass" and "back at the next step" in count(1.0, 1.0).detail
+    assert count(2.0, 1.0).status == "fail" and count(1.0, 1.0, parked=1.0).status == "fail"
+    assert count(1.0, 1.0, r=run()).status == "pass" and count(0.0, 0.0, r=run()).status == "fail"

@@ -217,3 +217,24 @@ def test_two_slots_in_their_prompt_are_not_told_apart():
     assert ev.leaked == 684 and not ev.full
     assert "taken by no slot in play" in failed(verify.judge(wl, "candidate", replace(r, outcomes=outs, trace=tuple(tr))))[
         "one-victim-per-overflow"]
+
+
+def test_the_counters_are_held_to_the_events_measured():
+    """metrics-count-events: a series that promises counters is judged by /metrics after the run
+    against what was measured; a count that is off, or missing, fails with both numbers; a
+    candidate that promises none is not judged by them."""
+    r = run(WL)
+    counted = compare.Promises(witness=False, counters=True)
+
+    def check(metrics, own=counted):
+        v = verify.judge(WL, "candidate", replace(r, metrics=metrics), control=control(WL), own=own)
+        return next((c for c in v.checks if c.name == "metrics-count-events"), None)
+
+    victims = sum(o.outcome == "errored" for o in r.outcomes)
+    assert victims == 1
+    assert check(((compare.EVICTIONS, 1.0),)).status == "pass"
+    assert "kv_full_evictions_total 0.0, measured 1 (requests ended" in check(((compare.EVICTIONS, 0.0),)).detail
+    assert check(((compare.EVICTIONS, 2.0),)).status == "fail"
+    assert "missing from /metrics (promised" in check((("llamacpp:n_decode_total", 9.0),)).detail
+    assert check(None).status == "skip"             # not read: the server did not answer
+    assert check(((compare.EVICTIONS, 0.0),), own=compare.NONE) is None   # a foreign patch promises none
