@@ -8,13 +8,11 @@ import git
 import pytest
 
 from toolkit import measure, source, verify, workload
+from toolkit.compare import EVICTIONS, PARKS, RESUMES
 from toolkit.ui import UI
 
 from .conftest import broken_variant
 from .test_preemption import failures, judge
-
-EVICTIONS, PARKS, RESUMES = ("llamacpp:kv_full_evictions_total", "llamacpp:kv_full_parks_total",
-                             "llamacpp:kv_full_resumes_total")
 
 
 def test_the_eviction_counts_each_victim_and_the_base_counts_nothing(trees, tmp_path):
