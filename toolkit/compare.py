@@ -477,15 +477,13 @@ def counters(m: Measured, expect: str) -> Check:
     run = m.run
     if run.metrics is None:
         return Check("metrics-count-events", "skip", "/metrics was not read: the server did not answer after the run")
-    slack = 0   # parks upstream's log cannot time: back at the next step (pauses.unseen_parks)
+    slack = 0   # parks upstream's log cannot time: back at the next step (measure.unseen_parks)
     if expect == "eviction":
         want = {EVICTIONS: (sum(o.outcome == "errored" for o in run.outcomes), "requests ended with an error")}
     else:
-        from .pauses import unseen_parks
-
         ps = [p for v in m.pauses.values() for p in v]
         back = [p for p in ps if p.resumed]
-        slack = unseen_parks(run)
+        slack = m.unseen_parks
         want = {PARKS: (len(ps), "pauses measured"), RESUMES: (len(back), "pauses that came back"),
                 PARKED: (0, "every request ended")}
         if run.metric(RECOMPUTED) is not None and not slack:
