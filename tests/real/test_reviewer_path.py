@@ -71,7 +71,8 @@ def test_repro_of_a_change_of_your_own_passes_in_a_fresh_home(c2, c2_patched, tm
     assert run.returncode == 0, out[-3000:] + err[-3000:]
     assert "candidate" in err and "patch file candidate.patch" in err, err[-3000:]
     # patchkit's eviction committed by hand: recognised by its code, held to the series' promises
-    assert ("promises: eviction, policy largest; one log line per eviction (evict-largest-slot, code: "
+    assert ("promises: eviction, policy largest; one log line per eviction; /metrics counts them "
+            "(evict-largest-slot, code: "
             "evict-largest-slot's definitions") in err, err[-3000:]
     assert "expectations: eviction (auto: the candidate is patch file candidate.patch)" in err, err[-3000:]
     assert "overflow-4: ok" in out and out.strip().endswith("PASS"), out[-3000:]
