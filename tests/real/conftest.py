@@ -116,3 +116,20 @@ def broken_variant(tree: source.Tree, tmp_path: Path, patch_name: str, variant: 
                             patch_name=patch_name, judges=("suite",))
     assert res.status == "killed", res
     return {k.check: k.reason for k in res.kills}
+
+
+# the TU the patch changes (all of its code) and the KV cache whose cells it frees
+SANITIZE_SCOPE = ("tools/server/server-context.cpp",) + build.KV_CACHE_SOURCES
+
+
+def sanitized_build(tree: source.Tree, sha: str) -> dict:
+    """`sha` built with ASan+UBSan on SANITIZE_SCOPE, through the command a user types (`patchkit
+    build --sanitize ... --sanitize-only ... --json`): its JSON answer (binary, reused, ...)."""
+    import json
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "toolkit", "build", "--repo", str(tree.path), "--ref", sha, "--sanitize",
+                          "address,undefined", *sum((["--sanitize-only", f] for f in SANITIZE_SCOPE), []), "--json"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)

@@ -164,20 +164,12 @@ def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_p
     in. Runs: a park (overflow-4), parks again and again (many-resumes-8) and a parked slot spared
     beside an n_cmpl family that outgrows the pool alone (park-beside-family). Zero findings, and
     every preemption check still holds."""
-    import json
-    import subprocess
-    import sys
-
     from toolkit import model, promises, runner
-    from .test_verify import SANITIZE_SCOPE
+    from .conftest import sanitized_build
 
     repo = git.Repo(c2.path)
     sha, _ = apply.candidate_commit(repo, source.resolve(repo, source.BASELINE_TAG), "hybrid-slot")
-    res = subprocess.run([sys.executable, "-m", "toolkit", "build", "--repo", str(c2.path), "--ref", sha, "--sanitize",
-                          "address,undefined", *sum((["--sanitize-only", f] for f in SANITIZE_SCOPE), []), "--json"],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    binary = json.loads(res.stdout)["binary"]
+    binary = sanitized_build(c2, sha)["binary"]
     seen = set()
     for budget in (None, "0"):
         env = {"LLAMA_ARG_PREEMPT_RAM": budget} if budget else None

@@ -144,8 +144,6 @@ def test_speculative_workload_is_unchanged_by_the_patch(c2, c2_base, tmp_path):
     assert "draft acceptance" in log, "the draft model must actually speculate"
 
 
-# the TU the patch changes (all of its code) and the KV cache whose cells it frees
-SANITIZE_SCOPE = ("tools/server/server-context.cpp",) + build.KV_CACHE_SOURCES
 
 
 def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
@@ -157,19 +155,12 @@ def test_sanitizer_build_runs_overflow_workloads_clean(c2, tmp_path):
 
     from toolkit import apply, compare, model
 
-    import json
-    import subprocess
-    import sys
+    from .conftest import sanitized_build
 
     repo = git.Repo(c2.path)
     sha, _ = apply.candidate_commit(repo, c2.commit)
     t = time.monotonic()
-    # through the command a user types: `patchkit build --sanitize ... --sanitize-only ...`
-    res = subprocess.run([sys.executable, "-m", "toolkit", "build", "--repo", str(c2.path), "--ref", sha, "--sanitize",
-                          "address,undefined", *sum((["--sanitize-only", f] for f in SANITIZE_SCOPE), []), "--json"],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    out = sanitized_build(c2, sha)
     cost = time.monotonic() - t
     built = SimpleNamespace(binary=Path(out["binary"]), reused=out["reused"])
     assert out["commit"] == sha
