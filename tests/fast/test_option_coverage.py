@@ -41,14 +41,23 @@ def options() -> list[tuple[tuple[str, ...], str, tuple[str, ...]]]:
             for p in cmd.params if isinstance(p, click.Option)]
 
 
+def _strings(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
 def _test_functions() -> dict[str, set[str]]:
-    """'file::function' -> the string constants in that test's body."""
+    """'file::function' -> the string constants in that test's body, and in the bodies of the
+    conftest helpers it calls (a helper that runs the user's command for several tests, e.g.
+    `sanitized_build`, passes its options for each test that calls it, and for no other)."""
+    helpers = {node.name: _strings(node) for f in TESTS.rglob("conftest.py")
+               for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.FunctionDef)}
     out = {}
     for f in sorted(TESTS.rglob("test_*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                out[f"{f.relative_to(TESTS)}::{node.name}"] = {
-                    n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+                called = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                out[f"{f.relative_to(TESTS)}::{node.name}"] = _strings(node).union(
+                    *(helpers[name] for name in called & helpers.keys()))
     return out
 
 
