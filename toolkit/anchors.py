@@ -61,6 +61,8 @@ class Facts:
                               # struct's members are public where the helper goes)
     slot_json_at: int = -1    # line start after `{"is_processing", is_processing()},` in the slot's /slots
     slot_json_indent: str = ""  # JSON (-1: not there)
+    decode_yield: str = ""    # the call the server's decode runs inside (D: `queue_tasks.yield_to_queue`, whose
+                              # worker answers /metrics and /slots meanwhile); "": a bare decode
 
     def __post_init__(self):  # read back from the facts cache's JSON, the sites are lists
         object.__setattr__(self, "metrics_sites", tuple(tuple(s) for s in self.metrics_sites))
@@ -172,6 +174,11 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
                 loop = c
         elif c.kind == K.CALL_EXPR and c.spelling in ("llama_decode", "llama_process") and decode_call is None:
             decode_call = c
+    # the decode handed to the task queue's yield (its worker answers read-only tasks while it runs)
+    yields = [c for c in _walk(method) if c.kind == K.CALL_EXPR and c.spelling == "yield_to_queue"
+              and decode_call is not None
+              and c.extent.start.offset < decode_call.extent.start.offset < c.extent.end.offset]
+    decode_yield = _tokens(next(yields[0].get_children())) if yields else ""
     if branch is None:
         missing.append("the `n_batch == 1 && ret == 1` branch")
     if loop is None:
@@ -267,7 +274,7 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
                  metrics_sites(source), public_at, slot_json.end() if slot_json else -1,
-                 slot_json[1].decode() if slot_json else "")
+                 slot_json[1].decode() if slot_json else "", decode_yield)
 
 
 def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:

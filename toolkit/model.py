@@ -196,6 +196,29 @@ def _write_witness(spec: ModelSpec, path: Path) -> None:
     _finish(writer, tmp, path)
 
 
+def lora(spec: ModelSpec = WITNESS) -> Path:
+    """The witness's LoRA adapter (witness.mirror_lora), beside the model in the cache: the model a
+    workload's `lora` requests need. Only the plain witness has one (it is built for its weights)."""
+    import gguf
+
+    from . import witness
+    if spec.arch != "witness":
+        raise UsageError(f"a LoRA adapter is built only for the witness model, not {spec.name}.")
+    path = default_path(spec).with_suffix(".lora.gguf")
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(f"patchkit-{spec.name}-mirror")
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 1.0)
+    witness.mirror_lora(writer, spec, len(vocabulary()))
+    _finish(writer, tmp, path)
+    return path
+
+
 def _tokenizer(writer, gguf) -> int:
     vocab = vocabulary()
     n_vocab = len(vocab)

@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from . import measure
+from . import model as model_mod
 from .errors import UsageError
 from .exchange import exchange
 from .record import (Run, Sample, events_from_log, largest_gap, launch_times, metrics_from_text, pool_cells,
@@ -141,6 +142,12 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
         if draft is None:
             raise UsageError(f"workload {wl.name} needs a draft model.")
         args += ["-md", str(draft)]  # flag names of draft sizes changed across layouts: defaults
+    if wl.server.lora:
+        if model != model_mod.default_path(model_mod.WITNESS):
+            raise UsageError(f"workload {wl.name} asks for the witness's LoRA adapter, which fits only the "
+                             f"witness model, not {model.name}.")
+        # unapplied: a request applies it by scale (Request.lora); the others run without it
+        args += ["--lora", str(model_mod.lora()), "--lora-init-without-apply"]
     args += list(extra_args)
     log_path.write_text("")
     srv = Server(binary, model, args, log_path, env=env)

@@ -449,3 +449,27 @@ class Construction:
 CONSTRUCTIONS = {"witness": Construction("llama", keys, tensors, n_embd),
                  "witness-swa": Construction("gemma2", swa_keys, swa_tensors, swa_n_embd),
                  "witness-hybrid": Construction("lfm2", hybrid_keys, hybrid_tensors, hybrid_n_embd)}
+
+
+# ------------------------------------------------------------- a LoRA adapter for the plain witness
+#
+# A request that names an adapter is decoded with it, and so must its cells be when a preemption
+# recomputes them (the server sets the adapters per batch, from the batch's first slot). The
+# adapter MIRRORS every value the witness reads: token t is read as n_vocab - 1 - t. So a cell
+# computed without it holds another value, s moves by twice the difference (< 110 for one cell,
+# never 0 unless t is the middle token), and the next token read over it changes. Rank 1 (alpha 1:
+# scale = the request's scale): delta W_v = B A, A the row that maps the normalised code and constant
+# dimensions to (n_vocab - 1) - 2 t, B a 1 in every head's value slot.
+
+def mirror_lora(writer, spec, n_vocab: int) -> None:
+    dists = distances(spec.witness_reach)
+    e, n_head, hd = n_embd(n_vocab), len(dists), HEAD_DIM
+    C = K_CONST ** 2 + ((n_vocab - 1) * CODE_ALPHA) ** 2
+    r0 = float(np.sqrt(C / e + 1e-5))
+    a = np.zeros((1, e), np.float32)                       # numpy (rank, in): GGUF's ne = (in, rank)
+    a[0, D_CODE] = -2 * r0 / CODE_ALPHA                     # -2 t
+    a[0, D_CONST] = (n_vocab - 1) * r0 / K_CONST            # + n_vocab - 1
+    b = np.zeros((n_head * hd, 1), np.float32)              # numpy (out, rank)
+    b[np.arange(n_head) * hd, 0] = 1.0
+    writer.add_tensor("blk.0.attn_v.weight.lora_a", a)
+    writer.add_tensor("blk.0.attn_v.weight.lora_b", b)

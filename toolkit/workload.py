@@ -40,6 +40,10 @@ class Request:
     temperature: float = 0.0
     presence_penalty: float = 0.0
     seed: int = 1
+    # the scale of the server's LoRA adapter for this request (0: none; the server loads it unapplied,
+    # ServerFlags.lora): a slot with another adapter batches apart, and its cells must be computed
+    # with its own adapter, also when a preemption recomputes them
+    lora: float = 0.0
 
     @property
     def stateful(self) -> bool:
@@ -59,6 +63,8 @@ class Request:
             b.update(repeat_penalty=self.repeat_penalty, repeat_last_n=64)
         if self.n_cmpl > 1:
             b["n_cmpl"] = self.n_cmpl
+        if self.lora:
+            b["lora"] = [{"id": 0, "scale": self.lora}]
         return b
 
 
@@ -73,6 +79,7 @@ class ServerFlags:
     ubatch: int | None = None
     flash_attn: str = "off"
     draft: bool = False  # start with the tiny draft model (speculative decoding)
+    lora: bool = False   # load the witness's LoRA adapter unapplied (model.lora): requests ask for it by scale
     extra: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:

@@ -1,6 +1,7 @@
 """Issue 19, pure logic: pauses read from upstream's log, the preemption expectations (each can
 fail, for its reason), the park/recompute renders and the referee's strategy list."""
 import dataclasses
+import re
 
 import pytest
 
@@ -229,6 +230,23 @@ def test_the_preemption_patches_render_every_policy_and_are_recognised(name, pol
     # operators see a parked slot: in /slots beside upstream's is_processing, and in /metrics
     assert '{"is_processing", is_processing()},\n            {"is_parked",     state == SLOT_STATE_PREEMPTED},' in out
     assert "res->data += ctx_server.kv_full_metrics();" in out
+
+
+def test_a_recompute_decodes_as_the_slots_own_batch_and_inside_the_queues_yield_where_the_server_does():
+    """Its LoRA adapters and embeddings mode set before it decodes (the context keeps the last
+    batch's); on a layout whose decode runs inside the task queue's yield (D), so does the recompute:
+    /metrics is answered during a long one."""
+    spec = patch.load_patch("recompute-slot")
+    bare = patch.render(SRC, facts(), spec, stage=1).decode()
+    at = bare.index("bool recompute_in(")
+    assert at < bare.index("common_set_adapter_lora(ctx_tgt, slot.lora);", at) < bare.index("llama_decode(c, b)", at)
+    assert "llama_set_embeddings(ctx_tgt, slot.need_embd());" in bare and "yield_to_queue" not in bare
+    yields = patch.render(SRC, facts(decode_yield="queue_tasks.yield_to_queue"), spec, stage=1).decode()
+    assert re.search(r"queue_tasks\.yield_to_queue\(\[&\]\(\) \{\n\s+ok = llama_decode\(c, b\) == 0;", yields)
+    assert "yield_to_queue" not in patch.render(SRC, facts(decode_yield="queue_tasks.yield_to_queue"),
+                                                patch.load_patch("park-slot"), stage=1).decode()   # a swap decodes nothing
+    stale = patch.render(SRC, facts(), spec, stage=1, variant="lora-stale").decode()
+    assert "common_set_adapter_lora" not in stale and "llama_set_embeddings" not in stale
 
 
 def test_a_layout_without_a_pre_decode_step_is_refused_with_the_layouts_that_have_one():

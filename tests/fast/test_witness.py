@@ -14,11 +14,15 @@ import pytest
 from toolkit import model, witness
 
 
-def _forward(path, tokens: list[int]):
-    """Logits of the last position, and each head's attention weights there."""
+def _forward(path, tokens: list[int], lora=None, without: tuple[int, ...] = ()):
+    """Logits of the last position, and each head's attention weights there. `lora`: an adapter
+    file applied at scale 1 (llama.cpp's W x + scale * alpha / rank * B A x), except to the values
+    of the positions in `without` (cells computed without it)."""
     import gguf
     r = gguf.GGUFReader(str(path))
     t = {x.name: np.array(x.data, dtype=np.float32) for x in r.tensors}
+    if lora is not None:
+        t.update({x.name: np.array(x.data, dtype=np.float32) for x in gguf.GGUFReader(str(lora)).tensors})
     hd = witness.HEAD_DIM
     n_head = t["blk.0.attn_q.weight"].shape[0] // hd
 
@@ -37,7 +41,12 @@ def _forward(path, tokens: list[int]):
     h = norm(x, t["blk.0.attn_norm.weight"])
     q = rope(h[-1:] @ t["blk.0.attn_q.weight"].T, pos[-1:]).astype(np.float16).astype(np.float32)
     k = rope(h @ t["blk.0.attn_k.weight"].T, pos).astype(np.float16).astype(np.float32)
-    v = (h @ t["blk.0.attn_v.weight"].T).astype(np.float16).astype(np.float32)
+    v = h @ t["blk.0.attn_v.weight"].T
+    if lora is not None:     # alpha 1, rank 1: scale 1
+        delta = (h @ t["blk.0.attn_v.weight.lora_a"].T) @ t["blk.0.attn_v.weight.lora_b"].T
+        delta[list(without)] = 0
+        v = v + delta
+    v = v.astype(np.float16).astype(np.float32)
     q, k, v = (a.reshape(len(a), n_head, hd) for a in (q, k, v))
     scores = np.einsum("hd,nhd->hn", q[0], k) / np.float32(np.sqrt(hd))
     w = np.exp(scores - scores.max(1, keepdims=True))
@@ -96,6 +105,27 @@ def test_one_cell_changed_far_back_changes_the_next_token(witness_file):
     tokens[-1 - 512] = 3 + (tokens[-1 - 512] - 3 + 1) % (witness_file.n_vocab - 3)
     b, _ = _forward(witness_file.path, tokens)
     assert a.argmax() != b.argmax()
+
+
+def test_the_lora_adapter_mirrors_every_value_and_a_cell_computed_without_it_is_seen(witness_file, tmp_path,
+                                                                                     monkeypatch):
+    """The adapter a `lora` request applies (model.lora): every head reads n_vocab - 1 - t instead of
+    t, exactly, so the stream under it is the designed one for the mirrored s; one cell 512 back
+    computed without it (a recompute with another task's adapters) changes the next token."""
+    monkeypatch.setenv("PATCHKIT_CACHE", str(tmp_path))
+    adapter = model.lora()
+    n = witness_file.n_vocab
+    rng = np.random.default_rng(3)
+    tokens = [int(x) for x in rng.integers(3, n, 1100)]
+    table = witness.vote_table(n, model.WITNESS.seed)
+    plain, _ = _forward(witness_file.path, tokens)
+    mirrored, _ = _forward(witness_file.path, tokens, lora=adapter)
+    assert int(mirrored.argmax()) == int(table[sum(n - 1 - tokens[-1 - d] for d in witness.DISTANCES)].argmax())
+    assert mirrored.argmax() != plain.argmax()
+    stale, _ = _forward(witness_file.path, tokens, lora=adapter, without=(len(tokens) - 1 - 512,))
+    assert stale.argmax() != mirrored.argmax()
+    with pytest.raises(Exception, match="only for the witness"):
+        model.lora(model.WITNESS_SWA)
 
 
 def test_the_blind_variant_has_no_far_heads(tmp_path):

@@ -12,14 +12,16 @@
 - park-beside-family: nobody left to park (an n_cmpl family outgrows the pool alone) while a slot
   is parked: upstream's all-slots error must not reach the parked slot (variant parked-not-spared);
 - recompute-prefill-slot: the pending sampled token re-prefilled with the history, its successor
-  sampled on resume (one cell more than at the park): a right design that must pass.
+  sampled on resume (one cell more than at the park): a right design that must pass;
+- lora-resume-3: a slot with a LoRA adapter recomputed after another task's batches set none: the
+  recompute must decode with the slot's own adapters (variant lora-stale: only the stream sees it).
 Each broken variant is killed by the check written for it, for its reason."""
 import re
 
 import git
 import pytest
 
-from toolkit import apply, measure, source, verify, workload
+from toolkit import apply, measure, pauses, source, verify, workload
 from toolkit.ui import UI
 
 from .conftest import broken_variant
@@ -161,8 +163,9 @@ def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_p
     """Issue 36 item 4: the new states under the sanitizers, once. hybrid-slot holds both resume
     paths in one binary (no budget: every park swapped; LLAMA_ARG_PREEMPT_RAM=0: every park
     recomputed), built with ASan+UBSan on the TU the patch changes and the KV cache it frees cells
-    in. Runs: a park (overflow-4), parks again and again (many-resumes-8) and a parked slot spared
-    beside an n_cmpl family that outgrows the pool alone (park-beside-family). Zero findings, and
+    in. Runs: a park (overflow-4), parks again and again (many-resumes-8), a parked slot spared
+    beside an n_cmpl family that outgrows the pool alone (park-beside-family) and a parked slot with
+    a LoRA adapter resumed after a task without one (lora-resume-3). Zero findings, and
     every preemption check still holds."""
     from toolkit import model, promises, runner
     from .conftest import sanitized_build
@@ -174,7 +177,7 @@ def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_p
     for budget in (None, "0"):
         env = {"LLAMA_ARG_PREEMPT_RAM": budget} if budget else None
         own = promises.of_family("hybrid-slot", "largest", "x", env).own
-        for name in ("overflow-4", "many-resumes-8", "park-beside-family"):
+        for name in ("overflow-4", "many-resumes-8", "park-beside-family", "lora-resume-3"):
             wl = workload.load(name)
             r = runner.run(binary, model.resolve(wl.model, lambda s: None).path, wl, tmp_path / f"{name}.{budget}.log",
                            probe_pool=True, env=env)
@@ -184,3 +187,22 @@ def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_p
                                                                                    if c.status == "fail"])
             seen |= {("swap" if p.restored else "recompute") for ps in measure.pauses(r).values() for p in ps}
     assert seen == {"swap", "recompute"}   # both resume paths ran under the sanitizers
+
+
+def test_a_recompute_decodes_with_the_slots_own_lora_adapters(c2, c2_base, tmp_path):
+    """lora-resume-3 (issue 36): slot 0 (the witness's LoRA adapter) is parked holding nearly the
+    whole pool; slot 2 (no adapter) runs alone before it can come back, and the server sets the
+    adapters per batch from its first slot. The right recompute sets the slot's own: every stream
+    exact. Reached, measured from upstream's log: slot 2 decoded between slot 0's park and its resume."""
+    res = judge(c2, tmp_path, "recompute-slot", ["lora-resume-3"])
+    assert res.ok, failures(res)
+    run = res.results[0].candidate[0]
+    ps = measure.pauses(run)
+    assert list(ps) == [0] and ps[0][0].resumed, ps
+    entries = pauses._entries(run)[0]
+    parked = ps[0][0].step
+    back = min(step for step, _, _ in entries[0] if step > parked)
+    assert any(parked < step < back for step, _, _ in entries[2]), (parked, back, entries[2][:3])
+    assert checks(res.results[0])["streams-exact"].status == "pass"
+    k = broken(c2, tmp_path / "v", "recompute-slot", "lora-stale", "lora-resume-3")
+    assert set(k) == {"streams-exact"} and "slot 0" in k["streams-exact"], k
