@@ -61,7 +61,9 @@ class Facts:
                               # struct's members are public where the helper goes)
     slot_json_at: int = -1    # line start after `{"is_processing", is_processing()},` in the slot's /slots
     slot_json_indent: str = ""  # JSON (-1: not there)
-    decode_yield: str = ""    # the call the server's decode runs inside (D: `queue_tasks.yield_to_queue`, whose
+    skip_at: int = -1         # line start after the prompt loop's `if (!slot.is_processing()) { return; }`
+    skip_indent: str = ""     # (the one followed by the can_batch_with check): a slot skipped from the batch here
+    decode_yield: str = ""    # the call the server's decode runs inside (C2, D: `queue_tasks.yield_to_queue`, whose
                               # worker answers /metrics and /slots meanwhile); "": a bare decode
 
     def __post_init__(self):  # read back from the facts cache's JSON, the sites are lists
@@ -269,12 +271,13 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
                    and ch.access_specifier.name == "PUBLIC"), None)
     public_at = source.index(b"\n", public.extent.start.offset) + 1 if public is not None else -1
     slot_json = SLOT_JSON.search(source)
+    skip_at, skip_indent = _prompt_loop_skip(source, owner, methods)
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
                  metrics_sites(source), public_at, slot_json.end() if slot_json else -1,
-                 slot_json[1].decode() if slot_json else "", decode_yield)
+                 slot_json[1].decode() if slot_json else "", skip_at, skip_indent, decode_yield)
 
 
 def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:
@@ -298,6 +301,24 @@ def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, st
             resume_indent = _indent_at(source, stmt.extent.start.offset)
             break
     return enum_at, enum_indent, resume_at, resume_indent
+
+
+def _prompt_loop_skip(source: bytes, owner: str, methods) -> tuple[int, str]:
+    """Where the prompt loop (pre_decode() on C2 and D) skips a slot that is not processing: the
+    statement `if (!slot.is_processing()) { return; }` followed by the `can_batch_with` check.
+    A slot past it can become the batch's first slot, whose adapters and task type the others must
+    share. (-1, ""): not found (a layout without that loop)."""
+    from clang.cindex import CursorKind as K
+
+    for c in (c for o, m in methods if o == owner for c in _walk(m)):
+        if c.kind != K.COMPOUND_STMT:
+            continue
+        kids = list(c.get_children())
+        for a, b in zip(kids, kids[1:]):
+            if a.kind == K.IF_STMT and b.kind == K.IF_STMT and "can_batch_with" in _tokens(b) and \
+                    _tokens(next(a.get_children())) in ("!slot.is_processing()", "(!slot.is_processing())"):
+                return source.index(b"\n", a.extent.end.offset) + 1, _indent_at(source, a.extent.start.offset)
+    return -1, ""
 
 
 def unguard(terminate: str) -> str:

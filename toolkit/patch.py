@@ -162,6 +162,7 @@ ANCHORS = (
     "slot-state-enum",     # a value appended to enum slot_state
     "before-pre-decode",   # a statement before update_slots' pre_decode() call
     "slot-json",           # a field of a slot's /slots entry, after upstream's is_processing
+    "prompt-loop-skip",    # a statement in the prompt loop (batch build), where it skips a slot not processing
     "metrics-text",        # a statement where /metrics' text is final, at every such place; the part's
                            # METRICS_SINK is that place's sink (`res->data +=`, `prometheus <<`)
 )
@@ -278,7 +279,9 @@ def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
                         "before-pre-decode": (facts.resume_at, facts.resume_indent,
                                               "a pre_decode() step in update_slots"),
                         "slot-json": (facts.slot_json_at, facts.slot_json_indent,
-                                      "a slot's is_processing in /slots")}[anchor]
+                                      "a slot's is_processing in /slots"),
+                        "prompt-loop-skip": (facts.skip_at, facts.skip_indent,
+                                             "the prompt loop skipping a slot")}[anchor]
     if at < 0:
         raise LayoutError(f"{facts.file}: layout {facts.layout} has no place for '{spec.name}' ({what}); "
                           "the preemption patches are written for layouts C2 and D.")

@@ -146,8 +146,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
         if model != model_mod.default_path(model_mod.WITNESS):
             raise UsageError(f"workload {wl.name} asks for the witness's LoRA adapter, which fits only the "
                              f"witness model, not {model.name}.")
-        # unapplied: a request applies it by scale (Request.lora); the others run without it
-        args += ["--lora", str(model_mod.lora()), "--lora-init-without-apply"]
+        args += ["--lora", str(model_mod.lora())]  # each request names its scale (Request.lora)
     args += list(extra_args)
     log_path.write_text("")
     srv = Server(binary, model, args, log_path, env=env)

@@ -40,10 +40,12 @@ class Request:
     temperature: float = 0.0
     presence_penalty: float = 0.0
     seed: int = 1
-    # the scale of the server's LoRA adapter for this request (0: none; the server loads it unapplied,
-    # ServerFlags.lora): a slot with another adapter batches apart, and its cells must be computed
-    # with its own adapter, also when a preemption recomputes them
-    lora: float = 0.0
+    # the scale of the server's LoRA adapter for this request (ServerFlags.lora; 0: without it): a slot
+    # with other adapters batches apart, and its cells must be computed with its own, also when a
+    # preemption recomputes them. None: the field is not sent. Every request of a server with the
+    # adapter names its scale, 0 included: measured on C2, a request without the field runs with the
+    # loaded adapters at scale 1 (--lora-init-without-apply notwithstanding)
+    lora: float | None = None
 
     @property
     def stateful(self) -> bool:
@@ -63,7 +65,7 @@ class Request:
             b.update(repeat_penalty=self.repeat_penalty, repeat_last_n=64)
         if self.n_cmpl > 1:
             b["n_cmpl"] = self.n_cmpl
-        if self.lora:
+        if self.lora is not None:
             b["lora"] = [{"id": 0, "scale": self.lora}]
         return b
 
@@ -79,7 +81,7 @@ class ServerFlags:
     ubatch: int | None = None
     flash_attn: str = "off"
     draft: bool = False  # start with the tiny draft model (speculative decoding)
-    lora: bool = False   # load the witness's LoRA adapter unapplied (model.lora): requests ask for it by scale
+    lora: bool = False   # load the witness's LoRA adapter (model.lora): each request names its scale
     extra: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
@@ -192,6 +194,8 @@ def parse(data: dict, path: Path | None = None) -> Workload:
             prompt = prompt_ids(int(r.pop("prompt_len")), int(r.get("slot", i)))
         if not prompt:
             raise ValueError(f"request {i} has an empty prompt")
+        if flags.lora:
+            r.setdefault("lora", 0.0)  # named, 0 included: a request without the field gets the adapter
         reqs.append(Request(prompt=prompt, **r))
     slots = [r.slot for r in reqs]
     if len(set(slots)) != len(slots) or any(not 0 <= s < flags.parallel for s in slots):

@@ -183,6 +183,17 @@ struct server_context {
         }
     }
 
+    void pre_decode() {
+        iterate(slots, [&](server_slot & slot) {
+            if (!slot.is_processing()) {
+                return;
+            }
+            if (slot_batched && !slot_batched->can_batch_with(slot)) {
+                return;
+            }
+        });
+    }
+
     bool decode(int32_t & n_batch, int32_t off) {
         if (n_batch == 1 && ret == 1) {
             err = "Context size has been exceeded.";
@@ -210,7 +221,8 @@ def facts(**kw):
                 hook_indent="            ", enum_at=SRC.index(b"};"), enum_indent="    ",
                 resume_at=SRC.index(b"        try {"), resume_indent="        ",
                 metrics_sites=anchors.metrics_sites(SRC), slot_json_at=anchors.SLOT_JSON.search(SRC).end(),
-                slot_json_indent="            ")
+                slot_json_indent="            ",
+                skip_at=SRC.index(b"\n", SRC.index(b"                return;\n            }")) + 15, skip_indent="            ")
     base.update(kw)
     return anchors.Facts(**base)
 
@@ -230,6 +242,10 @@ def test_the_preemption_patches_render_every_policy_and_are_recognised(name, pol
     # operators see a parked slot: in /slots beside upstream's is_processing, and in /metrics
     assert '{"is_processing", is_processing()},\n            {"is_parked",     state == SLOT_STATE_PREEMPTED},' in out
     assert "res->data += ctx_server.kv_full_metrics();" in out
+    # a parked slot is skipped where the prompt loop skips a slot not processing, before the batch's
+    # first slot is chosen (it would make a slot with other adapters wait behind it)
+    loop = out.index("void pre_decode()")
+    assert loop < out.index("if (slot.state == SLOT_STATE_PREEMPTED) {\n                return;", loop) < out.index("can_batch_with", loop)
 
 
 def test_a_recompute_decodes_as_the_slots_own_batch_and_inside_the_queues_yield_where_the_server_does():
