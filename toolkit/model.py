@@ -196,25 +196,44 @@ def _write_witness(spec: ModelSpec, path: Path) -> None:
     _finish(writer, tmp, path)
 
 
-def lora(spec: ModelSpec = WITNESS) -> Path:
-    """The witness's LoRA adapter (witness.mirror_lora), beside the model in the cache: the model a
-    workload's `lora` requests need. Only the plain witness has one (it is built for its weights)."""
+def lora(model_path: Path) -> Path:
+    """A rank-1 LoRA adapter on the first attention layer's value projection of the model at
+    `model_path`, cached beside the models: what a workload's `lora` requests apply. For the witness
+    it is built by construction (witness.mirror_lora: every value it reads mirrored, so a cell
+    computed without the adapter changes the stream); for any other model (`--model tiny`, a
+    family, a real model) it is seeded noise of the model's own shapes: it makes a slot's adapters
+    differ from another's, which is what the batch sees, though that model's stream may not show a
+    cell computed without it."""
     import gguf
 
     from . import witness
-    if spec.arch != "witness":
-        raise UsageError(f"a LoRA adapter is built only for the witness model, not {spec.name}.")
-    path = default_path(spec).with_suffix(".lora.gguf")
+    model_path = Path(model_path)
+    st = model_path.stat()
+    key = cache.digest(str(model_path.resolve()), st.st_size, st.st_mtime_ns, gguf.__name__,
+                       Path(__file__).read_bytes(), (Path(__file__).parent / "witness.py").read_bytes(), n=12)
+    path = cache.sub("models") / f"{model_path.stem}-{key}.lora.gguf"
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(str(model_path))
+    field = reader.fields["general.architecture"]
+    arch = bytes(field.parts[field.data[0]]).decode()
+    shapes = {t.name: [int(x) for x in t.shape] for t in reader.tensors}   # ggml order: (in, out)
+    layer = next((i for i in range(1024) if f"blk.{i}.attn_v.weight" in shapes), None)
+    if layer is None:
+        raise UsageError(f"{model_path.name} has no attention value projection for a LoRA adapter to change.")
+    n_in, n_out = shapes[f"blk.{layer}.attn_v.weight"][:2]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_name(f"patchkit-{spec.name}-mirror")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    writer.add_name(f"patchkit-{model_path.stem}-lora")
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 1.0)
-    witness.mirror_lora(writer, spec, len(vocabulary()))
+    if model_path == default_path(WITNESS):
+        witness.mirror_lora(writer, WITNESS, len(vocabulary()))
+    else:
+        rng = np.random.default_rng(17)
+        writer.add_tensor(f"blk.{layer}.attn_v.weight.lora_a", (rng.standard_normal((1, n_in)) * 0.5).astype(np.float32))
+        writer.add_tensor(f"blk.{layer}.attn_v.weight.lora_b", (rng.standard_normal((n_out, 1)) * 0.5).astype(np.float32))
     _finish(writer, tmp, path)
     return path
 

@@ -143,10 +143,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             raise UsageError(f"workload {wl.name} needs a draft model.")
         args += ["-md", str(draft)]  # flag names of draft sizes changed across layouts: defaults
     if wl.server.lora:
-        if model != model_mod.default_path(model_mod.WITNESS):
-            raise UsageError(f"workload {wl.name} asks for the witness's LoRA adapter, which fits only the "
-                             f"witness model, not {model.name}.")
-        args += ["--lora", str(model_mod.lora())]  # each request names its scale (Request.lora)
+        args += ["--lora", str(model_mod.lora(model))]  # each request names its scale (Request.lora)
     args += list(extra_args)
     log_path.write_text("")
     srv = Server(binary, model, args, log_path, env=env)

@@ -81,7 +81,7 @@ class ServerFlags:
     ubatch: int | None = None
     flash_attn: str = "off"
     draft: bool = False  # start with the tiny draft model (speculative decoding)
-    lora: bool = False   # load the witness's LoRA adapter (model.lora): each request names its scale
+    lora: bool = False   # load a LoRA adapter for the served model (model.lora): each request names its scale
     extra: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
