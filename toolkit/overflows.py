@@ -229,7 +229,9 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             i += 1
             continue
         group, j = [], i
-        while j < len(tr) and tr[j].kind in ("error", "release"):  # errors sent in one go: one step
+        # errors sent in one go: one step (a request handed to the queue meanwhile, by the HTTP
+        # thread, does not split it)
+        while j < len(tr) and tr[j].kind in ("error", "release", "post"):
             if j in kv and slot_of.get(tr[j].task) in outs:
                 group.append(slot_of[tr[j].task])
             j += 1

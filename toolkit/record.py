@@ -242,4 +242,7 @@ def trace_from_log(text: str) -> tuple[Trace, ...]:
             else:
                 out.append(Trace("launch", int(g[0]), int(g[1])))
             break
-    return tuple(out)
+    # a request's post only: the loop's own NEXT_RESPONSE tasks (one per step) and an HTTP cancel
+    # are handed over the same way, and no launch names them
+    launched = {t.task for t in out if t.kind == "launch"}
+    return tuple(t for t in out if t.kind != "post" or t.task in launched)
