@@ -63,6 +63,8 @@ class Facts:
     slot_json_indent: str = ""  # JSON (-1: not there)
     skip_at: int = -1         # line start after the prompt loop's `if (!slot.is_processing()) { return; }`
     skip_indent: str = ""     # (the one followed by the can_batch_with check): a slot skipped from the batch here
+    admit_at: int = -1        # line start of the statement that chooses a new task's slot (`get_available_slot(task)`
+    admit_indent: str = ""    # in process_single_task), in a case that defers a task with `queue_tasks.defer`
     decode_yield: str = ""    # the call the server's decode runs inside (C2, D: `queue_tasks.yield_to_queue`, whose
                               # worker answers /metrics and /slots meanwhile); "": a bare decode
 
@@ -272,12 +274,14 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     public_at = source.index(b"\n", public.extent.start.offset) + 1 if public is not None else -1
     slot_json = SLOT_JSON.search(source)
     skip_at, skip_indent = _prompt_loop_skip(source, owner, methods)
+    admit_at, admit_indent = _task_admission(source, owner, methods)
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
                  bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
                  metrics_sites(source), public_at, slot_json.end() if slot_json else -1,
-                 slot_json[1].decode() if slot_json else "", skip_at, skip_indent, decode_yield)
+                 slot_json[1].decode() if slot_json else "", skip_at, skip_indent, admit_at, admit_indent,
+                 decode_yield)
 
 
 def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:
@@ -318,6 +322,31 @@ def _prompt_loop_skip(source: bytes, owner: str, methods) -> tuple[int, str]:
             if a.kind == K.IF_STMT and b.kind == K.IF_STMT and "can_batch_with" in _tokens(b) and \
                     _tokens(next(a.get_children())) in ("!slot.is_processing()", "(!slot.is_processing())"):
                 return source.index(b"\n", a.extent.end.offset) + 1, _indent_at(source, a.extent.start.offset)
+    return -1, ""
+
+
+# upstream's own answer to a task that cannot start now, in the case that admits a new task: the
+# admission's defer is written exactly so (the same queue, the same moved task, the same break)
+UPSTREAM_DEFER = "queue_tasks.defer(std::move(task));"
+
+
+def _task_admission(source: bytes, owner: str, methods) -> tuple[int, str]:
+    """Where a new task is admitted (process_single_task on C2 and D): the statement that chooses
+    its slot, `server_slot * slot = get_available_slot(task);`, in a block that defers a task that
+    cannot start (`queue_tasks.defer(std::move(task)); break;`). A task may be held back there
+    before any slot is chosen. (-1, ""): not found."""
+    from clang.cindex import CursorKind as K
+
+    for m in (m for o, m in methods if o == owner and m.spelling == "process_single_task"):
+        for c in _walk(m):
+            if c.kind != K.COMPOUND_STMT:
+                continue
+            kids = list(c.get_children())
+            if UPSTREAM_DEFER not in _tokens(c):
+                continue
+            for k in kids:
+                if k.kind == K.DECL_STMT and "=get_available_slot(task)" in _tokens(k):
+                    return _line_start(source, k.extent.start.offset), _indent_at(source, k.extent.start.offset)
     return -1, ""
 
 

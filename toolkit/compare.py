@@ -369,13 +369,16 @@ class Promises:
     - resume_cells: what a resumed slot holds, "exact" (the cells it held at the park) or "pending"
       (those and its pending sampled token, decoded with them); "": either (the property's band);
     - counters: its /metrics counts what it does (llamacpp:kv_full_*), each counter equal to the
-      events measured.
+      events measured;
+    - parked_first: a request that arrives while another is parked starts only once every parked
+      one is back (first come, first served).
     promises.py says where a candidate's promises come from (a trailer, its code, a declaration)."""
     witness: bool = False
     park_bound: int = 0
     resume_path: str = ""
     resume_cells: str = ""
     counters: bool = False
+    parked_first: bool = False
 
 
 NONE = Promises()
@@ -581,6 +584,8 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promis
             for p in starved) if starved else
             f"no request was parked again after {park_bound} parks while another, parked fewer times, generated "
             f"beside it (most parks of one request: {max(p.before + 1 for p in m.parks_in_order)})"))
+    if n and own.parked_first:
+        checks.append(parked_first(m))
     if n and own.resume_path:
         resumed = [p for v in ps.values() for p in v if p.resumed]
         wrong = [p for p in resumed if p.restored != (own.resume_path == "swap")]
@@ -634,6 +639,21 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promis
                                    for p in stuck) if stuck else
                          f"every pause ended with at most {IDLE_STEPS_BOUND} idle step(s) in it"))
     return checks
+
+
+def parked_first(m: Measured) -> Check:
+    """A request that arrived while another was parked starts only once every parked one is back
+    (first come, first served). Not reached (nobody arrived during a park): skipped, not a verdict."""
+    if not m.admissions:
+        return Check("parked-first", "skip", "no request arrived while one was parked (a shape not reached)")
+    ahead = [a for a in m.admissions if not a.first]
+    return _check("parked-first", not ahead, "; ".join(
+        f"task {a.task} (slot {a.slot}) arrived at step {a.arrived} and started at step {a.started}, while slot "
+        f"{a.parked} was parked (since step {a.park_step}, "
+        + (f"back at step {a.resume_step})" if a.resume_step >= 0 else "never back)") for a in ahead) if ahead else
+        f"{len(m.admissions)} request(s) arrived while one was parked, each started only once it was back (first: "
+        f"task {m.admissions[0].task} arrived at step {m.admissions[0].arrived}, slot {m.admissions[0].parked} back "
+        f"at step {m.admissions[0].resume_step}, started at step {m.admissions[0].started})")
 
 
 def describe_pauses(ps: dict[int, tuple[Pause, ...]]) -> str:

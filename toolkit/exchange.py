@@ -184,15 +184,19 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
              flood: Callable[[], str | None] | None = None) -> list[Outcome]:
     """Send `reqs` and collect their outcomes. The requests that start first (smallest start_ms)
     are connected, then written together inside `release(write_all)` (the runner pauses the
-    server around it); later ones are written at their start_ms. `abandon` is asked after
+    server around it); later ones are written at their start_ms, or once the request they follow
+    (`after`) has streamed that many tokens. `abandon` is asked after
     every wake-up; when it answers True the exchange raises Abandoned. `flood` too: when it gives a
     reason (the server spins without progress), every request still open ends as a timeout with it."""
     t0 = time.monotonic()
     pending = [Exchange(port, r, t0) for r in reqs]
     sel = selectors.DefaultSelector()
-    first = min(r.start_ms for r in reqs)
-    together = [x for x in pending if x.req.start_ms == first]
-    waiting = sorted((x for x in pending if x.req.start_ms != first), key=lambda x: x.req.start_ms)
+    first = min(r.start_ms for r in reqs if not r.after)
+    together = [x for x in pending if x.req.start_ms == first and not x.req.after]
+    waiting = sorted((x for x in pending if x.req.start_ms != first and not x.req.after), key=lambda x: x.req.start_ms)
+    # sent when another request has streamed so many tokens (or ended): placed by the server's steps
+    by_slot = {x.req.slot: x for x in pending}
+    triggered = [x for x in pending if x.req.after]
     active: list[Exchange] = []
 
     def start(group: list[Exchange]) -> None:
@@ -217,9 +221,13 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
     try:
         start(together)
         t_rel = time.monotonic()
-        while waiting or active:
+        while waiting or active or triggered:
             while waiting and (time.monotonic() - t_rel) * 1000 >= waiting[0].req.start_ms - first:
                 start([waiting.pop(0)])
+            for x in [x for x in triggered if by_slot[x.req.after[0]].finished
+                      or len(by_slot[x.req.after[0]].tokens) >= x.req.after[1]]:
+                triggered.remove(x)
+                start([x])
             wait = 0.05
             if waiting:
                 wait = min(wait, max(0.0, (waiting[0].req.start_ms - first) / 1000 - (time.monotonic() - t_rel)))

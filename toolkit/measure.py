@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 
 from .overflows import (Offset, Overflow, SlotAt, decoded_first, designed, evicts, first_group_offsets,
                         offset, overflows, prompt_not_largest, shape, shift_exercised)
-from .pauses import PARK_BOUND, Park, Pause, parks, parks_in_order, pauses, unfreed_parks, unseen_parks, word
+from .pauses import (PARK_BOUND, Admission, Park, Pause, admissions, parks, parks_in_order, pauses, unfreed_parks,
+                     unseen_parks, word)
 from .record import Run
 from .serverlog import EXCEEDED, log_truncated, not_stopped, sampling_problems, steps, trace_problems
 from .workload import Workload
@@ -25,7 +26,7 @@ from .workload import Workload
 __all__ = ["Measured", "measure",
            "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts", "first_group_offsets", "offset",
            "overflows", "prompt_not_largest", "shape", "shift_exercised",
-           "PARK_BOUND", "Park", "Pause", "parks", "parks_in_order", "pauses", "unfreed_parks", "unseen_parks", "word",
+           "PARK_BOUND", "Admission", "Park", "Pause", "admissions", "parks", "parks_in_order", "pauses", "unfreed_parks", "unseen_parks", "word",
            "EXCEEDED", "log_truncated", "not_stopped", "sampling_problems", "steps", "trace_problems"]
 
 
@@ -51,6 +52,7 @@ class Measured:
     earlier: tuple["Measured", ...] = ()       # every earlier start of the run, made again for its shape
     unseen_parks: int = 0                      # parks back at the next step: no pause the log can time
     log_truncated: bool = False                # the log ended early: measured from the client's records
+    admissions: tuple[Admission, ...] = ()     # requests that waited while one was parked, and when they started
 
     @property
     def preempts(self) -> bool:
@@ -74,4 +76,5 @@ def measure(run: Run, wl: Workload, policy: str = "largest") -> Measured:
         shape(run, wl), first_group_offsets(run, wl),
         tuple(trace_problems(run)) if run.trace else (), tuple(sampled), tuple(unjudged),
         tuple(stopped), release_judged, pauses(run), tuple(unfreed_parks(run)), parks_in_order(run),
-        tuple(measure(e, wl, policy) for e in run.earlier), unseen_parks=unseen_parks(run))
+        tuple(measure(e, wl, policy) for e in run.earlier), unseen_parks=unseen_parks(run),
+        admissions=admissions(run))

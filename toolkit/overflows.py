@@ -229,7 +229,9 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             i += 1
             continue
         group, j = [], i
-        while j < len(tr) and tr[j].kind in ("error", "release"):  # errors sent in one go: one step
+        # errors sent in one go: one step (a request handed to the queue meanwhile, by the HTTP
+        # thread, does not split it)
+        while j < len(tr) and tr[j].kind in ("error", "release", "post"):
             if j in kv and slot_of.get(tr[j].task) in outs:
                 group.append(slot_of[tr[j].task])
             j += 1
@@ -350,8 +352,7 @@ def overflows(run: Run, wl: Workload, policy: str = "largest") -> tuple[Overflow
 @lru_cache(maxsize=64)
 def first_group_offsets(run: Run, wl: Workload) -> dict[int, Offset]:
     """Measured step offset of each request released with the first one, relative to it."""
-    first = min(r.start_ms for r in wl.requests)
-    group = [r.slot for r in wl.requests if r.start_ms == first]
+    group = [r.slot for r in wl.first_group()]
     outs = {o.slot: o for o in run.outcomes}
     ref = outs[group[0]]
     together = next((st for st in steps(run) if all(s in st for s in group if s in outs)), None)

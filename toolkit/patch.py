@@ -163,6 +163,7 @@ ANCHORS = (
     "before-pre-decode",   # a statement before update_slots' pre_decode() call
     "slot-json",           # a field of a slot's /slots entry, after upstream's is_processing
     "prompt-loop-skip",    # a statement in the prompt loop (batch build), where it skips a slot not processing
+    "task-admission",      # a statement before a new task's slot is chosen, where upstream defers a task
     "metrics-text",        # a statement where /metrics' text is final, at every such place; the part's
                            # METRICS_SINK is that place's sink (`res->data +=`, `prometheus <<`)
 )
@@ -281,7 +282,9 @@ def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
                         "slot-json": (facts.slot_json_at, facts.slot_json_indent,
                                       "a slot's is_processing in /slots"),
                         "prompt-loop-skip": (facts.skip_at, facts.skip_indent,
-                                             "the prompt loop skipping a slot")}[anchor]
+                                             "the prompt loop skipping a slot"),
+                        "task-admission": (facts.admit_at, facts.admit_indent,
+                                           "a new task's slot chosen where upstream defers a task")}[anchor]
     if at < 0:
         raise LayoutError(f"{facts.file}: layout {facts.layout} has no place for '{spec.name}' ({what}); "
                           "the preemption patches are written for layouts C2 and D.")

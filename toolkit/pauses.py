@@ -184,3 +184,56 @@ def parks_in_order(run: Run) -> tuple[Park, ...]:
         out.append(Park(slot, step, count.get(slot, 0), rivals))
         count[slot] = count.get(slot, 0) + 1
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request that arrived while another was parked, and when it started: read from upstream's
+    log (its queue's "new task" line, the slot's "processing task" line), in the loop's steps."""
+    task: int
+    slot: int            # the slot it started on
+    arrived: int         # the step its task was handed to the queue in
+    started: int         # the step it started in
+    parked: int          # the slot parked when it arrived (the first such)
+    park_step: int       # that slot's park
+    resume_step: int     # ... and the step it came back in (-1: never)
+
+    @property
+    def first(self) -> bool:
+        """It started only once the parked request was back (a launch in the park's own step is
+        after the park: the loop takes new tasks between two steps)."""
+        return 0 <= self.resume_step <= self.started
+
+
+def admissions(run: Run) -> tuple[Admission, ...]:
+    """Every request waiting while one was parked (handed to the queue before the parked one came
+    back, not started before its park), with where it started. A park's window runs from its step (the loop takes new tasks after that step) to the
+    step its slot's entries come back in (its resume, before that step's batch). Requests are the
+    tasks a launch names; the queue's other tasks (the loop's own NEXT_RESPONSE) never start."""
+    posted: dict[int, int] = {}
+    launched: dict[int, tuple[int, int]] = {}   # task -> (slot, step)
+    step = -1
+    for t in run.trace:
+        if t.kind == "step":
+            step += 1
+        elif t.kind == "post":
+            posted.setdefault(t.task, step)
+        elif t.kind == "launch":
+            launched.setdefault(t.task, (t.slot, step))
+    windows = []
+    for v in pauses(run).values():
+        for p in v:
+            if p.step >= 0:
+                windows.append((p.step, p.step + 1 + p.steps + p.idle_steps if p.resumed else -1, p.slot))
+    out = []
+    for task, arrived in posted.items():
+        if task not in launched:
+            continue
+        slot, started = launched[task]
+        for i, j, parked in sorted(windows):
+            if parked != slot and started >= i and (j < 0 or arrived < j):
+                # in the queue while `parked` was parked: not started before its park, handed over
+                # before it came back (a task handed over in the resume's own step may follow it)
+                out.append(Admission(task, slot, arrived, started, parked, i, j))
+                break
+    return tuple(out)

@@ -30,10 +30,13 @@ from .pauses import PARK_BOUND
 EXPECTS = ("eviction", "preemption")
 RESUME_PATHS = ("swap", "recompute")
 RESUME_CELLS = ("exact", "pending")
-KEYS = {"like", "expect", "policy", "park_bound", "resume_path", "resume_cells", "eviction_log", "counters"}
+KEYS = {"like", "expect", "policy", "park_bound", "resume_path", "resume_cells", "eviction_log", "counters",
+        "parked_first"}
 # what patchkit's series define to append their counters to /metrics (a series exported before they
 # had counters is recognised without that promise)
 COUNTERS_MARK = r"\bstd::string kv_full_metrics\(\) const"
+# ... and to hold new tasks back while a slot is parked (a series exported before: without that promise)
+PARKED_FIRST_MARK = r"\bbool has_parked_slot\(\) const"
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class Declared:
         if self.own.resume_cells:
             what.append("resume holding exactly its cells" if self.own.resume_cells == "exact"
                         else "resume holding its cells and its pending token")
+        if self.own.parked_first:
+            what.append("new requests wait while one is parked")
         if self.own.counters:
             what.append("/metrics counts them")
         return "; ".join(what) + f" ({self.family + ', ' if self.family else ''}{self.source})"
@@ -71,7 +76,8 @@ def of_family(name: str, policy: str, source: str, env: dict[str, str] | None = 
         witness=spec.expect == "eviction",
         park_bound=PARK_BOUND if preempts else 0,
         resume_path=patch_mod.resume_path(name, env) if preempts else "",
-        resume_cells=("pending" if pending else "exact") if preempts else "", counters=True), name, source)
+        resume_cells=("pending" if pending else "exact") if preempts else "", counters=True,
+        parked_first=preempts), name, source)
 
 
 def load(path: Path, env: dict[str, str] | None = None) -> Declared:
@@ -86,6 +92,7 @@ def load(path: Path, env: dict[str, str] | None = None) -> Declared:
         eviction_log = false    # patchkit's log line per eviction ("KV cache is full: terminating slot")
         counters = true         # /metrics counts them: llamacpp:kv_full_evictions_total, or _parks_total,
                                 # _resumes_total, requests_parked (and _recomputed_cells_total, _parked_bytes)
+        parked_first = true     # a request that arrives while one is parked starts only once it is back
     """
     where = f"the promises file {path}"
     try:
@@ -123,12 +130,12 @@ def load(path: Path, env: dict[str, str] | None = None) -> Declared:
     own = base.own
     for key, allowed, cast in (("park_bound", (), int), ("resume_path", RESUME_PATHS, str),
                                ("resume_cells", RESUME_CELLS, str), ("eviction_log", (), bool),
-                               ("counters", (), bool)):
+                               ("counters", (), bool), ("parked_first", (), bool)):
         v = pick(key, allowed, cast)
         if v is not None:
             own = replace(own, **{"witness" if key == "eviction_log" else key: v})
-    if expect == "eviction" and (own.park_bound or own.resume_path or own.resume_cells):
-        raise UsageError(f"{where}: park_bound, resume_path and resume_cells are promises of a preemption; this file "
+    if expect == "eviction" and (own.park_bound or own.resume_path or own.resume_cells or own.parked_first):
+        raise UsageError(f"{where}: park_bound, resume_path, resume_cells and parked_first are promises of a preemption; this file "
                          "declares expect = \"eviction\".")
     if own.park_bound < 0:
         raise UsageError(f"{where}: park_bound must be 1 or more (0: not promised).")
@@ -171,7 +178,9 @@ def recognise(repo: git.Repo, base: str, cand: str) -> Declared | None:
         return None
     _, name, policy, path = best
     d = of_family(name, policy, f"code: {name}'s definitions in {path}")
-    return replace(d, own=replace(d.own, counters=bool(re.search(COUNTERS_MARK, _text(repo, cand, path)))))
+    text = _text(repo, cand, path)
+    return replace(d, own=replace(d.own, counters=bool(re.search(COUNTERS_MARK, text)),
+                                  parked_first=d.own.parked_first and bool(re.search(PARKED_FIRST_MARK, text))))
 
 
 def _text(repo: git.Repo, commit: str, path: str) -> str:

@@ -64,7 +64,7 @@ class Trace:
     code, not the patch's: per step, each generating slot's batch entry and the cells it held
     ("slot decode token ... n_tokens"), each sampled token ("n_gen ... next token"), the decode
     retries with their offset, errors sent, releases, launches."""
-    kind: str        # step | entry | token | batch | retry | error | release | launch | loop | restore
+    kind: str        # step | entry | token | batch | retry | error | release | launch | post | loop | restore
     slot: int = -1
     task: int = -1
     value: int = 0   # entry: cells held; token: n_gen; batch: entries; retry: off; release: n_tokens; restore: cells
@@ -186,6 +186,10 @@ TRACE_RES = (
     ("error", re.compile(r"send_error: task id = (-?\d+), error: (.*)$")),
     ("release", re.compile(_SLOT + r"stop processing: n_tokens = (\d+)")),
     ("launch", re.compile(_SLOT + r"processing task")),
+    # a task the HTTP thread handed to the server's queue (upstream's queue, "new task, id = 7/1"):
+    # when a request arrived, in the loop's order. The loop's own NEXT_RESPONSE tasks log it too;
+    # a request's is the one whose id a launch names
+    ("post", re.compile(r"post: new task, id = (\d+)")),
     # the server's loop takes queued tasks (an HTTP cancel among them) only here, between two
     # update_slots calls: while decoding it declines them ("decoding, decline task")
     ("loop", re.compile(r"start_loop: processing new tasks")),
@@ -200,7 +204,7 @@ TRACE_RES = (
 # a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
 _TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "retrying", "memory slot", "send_error",
                 "stop processing", "processing task", "start_loop: processing", "state_read_meta",
-                "cleaning up before exit")
+                "cleaning up before exit", "new task, id")
 
 
 def trace_from_log(text: str) -> tuple[Trace, ...]:
@@ -233,7 +237,12 @@ def trace_from_log(text: str) -> tuple[Trace, ...]:
                 out.append(Trace("restore", slot=int(g[1]), value=int(g[0])))
             elif kind == "exit":
                 out.append(Trace("exit"))
+            elif kind == "post":
+                out.append(Trace("post", task=int(g[0])))
             else:
                 out.append(Trace("launch", int(g[0]), int(g[1])))
             break
-    return tuple(out)
+    # a request's post only: the loop's own NEXT_RESPONSE tasks (one per step) and an HTTP cancel
+    # are handed over the same way, and no launch names them
+    launched = {t.task for t in out if t.kind == "launch"}
+    return tuple(t for t in out if t.kind != "post" or t.task in launched)

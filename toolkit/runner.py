@@ -64,8 +64,7 @@ def _poll_slots(srv: Server, t0: float, stop: threading.Event, into: list[Sample
 def launch_spread_ms(log_text: str, wl: Workload) -> float:
     """Largest gap between the server's launches of requests released together (informational)."""
     at = launch_times(log_text)
-    first = min(r.start_ms for r in wl.requests)
-    return largest_gap([at[r.slot] for r in wl.requests if r.start_ms == first and r.slot in at])
+    return largest_gap([at[r.slot] for r in wl.first_group() if r.slot in at])
 
 
 def _tokenized(srv: Server, r: Request) -> Request:

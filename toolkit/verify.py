@@ -206,7 +206,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         # the promises of its expectation
         declared = (promises.of_family(family, policy, "its family", candidate_env) if family else promises.Declared(
             patch_expect, policy, compare.Promises(witness=patch_expect == "eviction",
-                                                   park_bound=measure.PARK_BOUND if patch_expect == "preemption" else 0),
+                                                   park_bound=measure.PARK_BOUND if patch_expect == "preemption" else 0,
+                                                   parked_first=patch_expect == "preemption"),
             "", "patchkit's series"))
     own = declared.own if declared else compare.NONE
     base_reference = base_reference or base_evicts
@@ -295,7 +296,7 @@ SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-
          "victim-decoded", "victim-decoded-middle", "victim-straddled", "cells-not-prompt", "two-overflows", "two-slots", "prompt-victim",
          "prompt-victim-decoded", "prompt-survivor", "prompt-survivor-decoded", "prompt-survivor-full",
          "stateful-4", "swa-overflow-4", "hybrid-overflow-4", "fits", "single-slot", "park-whole-pool",
-         "many-resumes-8", "park-starvation-7", "lora-resume-3"]
+         "many-resumes-8", "park-starvation-7", "lora-resume-3", "park-arrivals-3"]
 
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,

@@ -46,6 +46,10 @@ class Request:
     # adapter names its scale, 0 included: measured on C2, a request without the field runs with the
     # loaded adapters at scale 1 (--lora-init-without-apply notwithstanding)
     lora: float | None = None
+    # sent when the request on slot `after[0]` has streamed `after[1]` tokens (or ended), not at a
+    # time: an arrival placed by the server's own steps (a park's window), which a clock would only
+    # hit on a machine of one speed. () : at start_ms
+    after: tuple[int, ...] = ()
 
     @property
     def stateful(self) -> bool:
@@ -131,6 +135,12 @@ class Workload:
     path: Path | None = None
     model: str = "witness"          # a tiny family (model.FAMILIES), a real model (model.REAL) or a .gguf path
 
+    def first_group(self) -> tuple[Request, ...]:
+        """The requests released together at the start (one sent `after` another's tokens is not)."""
+        timed = [r for r in self.requests if not r.after]
+        first = min(r.start_ms for r in timed)
+        return tuple(r for r in timed if r.start_ms == first)
+
     def control(self) -> "Workload":
         """Same requests, a pool big enough for all of them: the no-overflow control."""
         demand = sum(len(r.prompt) + r.n_predict for r in self.requests)
@@ -194,12 +204,19 @@ def parse(data: dict, path: Path | None = None) -> Workload:
             prompt = prompt_ids(int(r.pop("prompt_len")), int(r.get("slot", i)))
         if not prompt:
             raise ValueError(f"request {i} has an empty prompt")
+        if "after" in r:
+            r["after"] = tuple(int(x) for x in r["after"])
         if flags.lora:
             r.setdefault("lora", 0.0)  # named, 0 included: a request without the field gets the adapter
         reqs.append(Request(prompt=prompt, **r))
     slots = [r.slot for r in reqs]
     if len(set(slots)) != len(slots) or any(not 0 <= s < flags.parallel for s in slots):
         raise ValueError(f"request slots {slots} must be distinct and within 0..{flags.parallel - 1}")
+    for r in reqs:
+        if r.after and (len(r.after) != 2 or r.after[0] not in slots or r.after[0] == r.slot or r.after[1] < 1
+                        or any(q.slot == r.after[0] and q.after for q in reqs)):
+            raise ValueError(f"request on slot {r.slot}: after = {list(r.after)} must be [slot, tokens] naming another "
+                             "request's slot (one that itself starts without `after`) and 1 token or more")
     exp = dict(data.get("expect", {}))
     if "pairs" in exp:
         from .overflows import PAIRS

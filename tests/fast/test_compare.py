@@ -439,3 +439,16 @@ def test_a_log_that_ends_before_the_run_is_missing_evidence_not_a_fail():
     v = verify.judge(WL, "base", early, control=control())
     got = {c.name: c.status for c in v.checks}
     assert v.ok and got["log-matches-streams"] == "inconclusive" and got["all-slots-errored"] == "pass", got
+
+
+def test_a_request_handed_to_the_queue_between_the_bugs_errors_does_not_split_them():
+    """The base fails every slot in one loop turn; a request the HTTP thread hands to the queue
+    meanwhile (its "new task" line, between two errors: park-arrivals-3's arrival is sent when a
+    request ends) is no step, and the turn stays one overflow that ended every slot."""
+    r = sim(WL, patched=False)
+    errors = [k for k, t in enumerate(r.trace) if t.kind == "error"]
+    assert len(errors) == 4
+    k = errors[1]
+    trace = r.trace[:k] + (Trace("post", task=900),) + r.trace[k:] + (Trace("launch", 5, 900),)
+    ev, = measure.overflows(replace(r, trace=trace), WL)
+    assert ev.terminated == (0, 1, 2, 3) and not measure.evicts(replace(r, trace=trace), WL)

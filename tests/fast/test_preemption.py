@@ -183,6 +183,20 @@ struct server_context {
         }
     }
 
+    bool process_single_task(server_task && task) {
+        switch (task.type) {
+            case SERVER_TASK_TYPE_COMPLETION:
+                {
+                    server_slot * slot = get_available_slot(task);
+                    if (slot == nullptr) {
+                        queue_tasks.defer(std::move(task));
+                        break;
+                    }
+                } break;
+        }
+        return true;
+    }
+
     void pre_decode() {
         iterate(slots, [&](server_slot & slot) {
             if (!slot.is_processing()) {
@@ -222,7 +236,9 @@ def facts(**kw):
                 resume_at=SRC.index(b"        try {"), resume_indent="        ",
                 metrics_sites=anchors.metrics_sites(SRC), slot_json_at=anchors.SLOT_JSON.search(SRC).end(),
                 slot_json_indent="            ",
-                skip_at=SRC.index(b"\n", SRC.index(b"                return;\n            }")) + 15, skip_indent="            ")
+                skip_at=SRC.index(b"\n", SRC.index(b"                return;\n            }")) + 15, skip_indent="            ",
+                admit_at=SRC.index(b"                    server_slot * slot = get_available_slot"),
+                admit_indent="                    ")
     base.update(kw)
     return anchors.Facts(**base)
 
@@ -477,3 +493,99 @@ def test_the_counters_allow_only_the_parks_upstreams_log_cannot_time():
     assert count(1.0, 1.0).status == "pass" and "back at the next step" in count(1.0, 1.0).detail
     assert count(2.0, 1.0).status == "fail" and count(1.0, 1.0, parked=1.0).status == "fail"
     assert count(1.0, 1.0, r=run()).status == "pass" and count(0.0, 0.0, r=run()).status == "fail"
+
+
+def arriving(r, posted, started, task=200):
+    """`r` with a third request: handed to the queue (upstream's "new task" line) after the
+    `posted`-th step line, started on slot 2 after the `started`-th (-1: never)."""
+    out, step = [], -1
+    for t in r.trace:
+        out.append(t)
+        if t.kind == "step":
+            step += 1
+            if step == posted:
+                out.append(Trace("post", task=task))
+            if step == started:
+                out.append(Trace("launch", 2, task))
+    return dataclasses.replace(r, trace=tuple(out))
+
+
+FIRST = compare.Promises(parked_first=True)
+
+
+def test_a_request_that_arrives_while_one_is_parked_waits_for_it():
+    """Slot 0 is parked in step 3 and back in step 6; a request handed over in step 4 that starts in
+    step 6 (the resume's: it took its turn) keeps the promise, one started in step 4 or 5 breaks it."""
+    r = run()
+    (a,) = measure.admissions(arriving(r, 4, 6))
+    assert (a.task, a.slot, a.arrived, a.started, a.parked, a.park_step, a.resume_step, a.first) == \
+        (200, 2, 4, 6, 0, 3, 6, True)
+    c = checks(arriving(r, 4, 6), own=FIRST)["parked-first"]
+    assert c.status == "pass" and c.detail.startswith("1 request(s) arrived while one was parked, each started only "
+                                                      "once it was back (first: task 200 arrived at step 4, slot 0")
+    for started in (3, 5):   # the loop takes new tasks after a step: a launch in the park's own step is after it
+        c = checks(arriving(r, 4, started), own=FIRST)["parked-first"]
+        assert c.status == "fail" and c.detail == (f"task 200 (slot 2) arrived at step 4 and started at step {started}, "
+                                                   "while slot 0 was parked (since step 3, back at step 6)"), c.detail
+    # one that waited in the queue from before the park (no free slot) is held back the same way
+    assert checks(arriving(r, 1, 4), own=FIRST)["parked-first"].status == "fail"
+
+
+def test_parked_first_is_not_reached_without_an_arrival_during_a_park():
+    r = run()
+    for posted, started in ((1, 2), (6, 6), (7, 8)):   # started before the park; handed over at or after the resume
+        assert measure.admissions(arriving(r, posted, started)) == ()
+        c = checks(arriving(r, posted, started), own=FIRST)["parked-first"]
+        assert c.status == "skip" and "a shape not reached" in c.detail
+    # a task that never starts is not a request: the loop's own NEXT_RESPONSE tasks are handed over so too
+    assert measure.admissions(arriving(r, 4, -1)) == ()
+    # a parked one that never came back: whoever started after its park went first
+    never = arriving(run(never=True), 4, 5)
+    assert checks(never, own=FIRST)["parked-first"].detail.endswith("(since step 3, never back)")
+
+
+def test_parked_first_is_a_promise_not_the_property():
+    """A foreign design may admit new requests its own way: only a series that promises it is held to it."""
+    assert "parked-first" not in checks(arriving(run(), 4, 5))
+
+
+def test_the_admission_renders_before_a_new_tasks_slot_is_chosen_and_hands_the_waiting_on():
+    for name in ("park-slot", "recompute-slot", "hybrid-slot", "recompute-prefill-slot"):
+        out = patch.render(SRC, facts(), patch.load_patch(name), stage=1).decode()
+        admit = out.index("if (has_parked_slot()) {")
+        assert admit < out.index("server_slot * slot = get_available_slot(task);") < out.index("if (slot == nullptr)")
+        assert "queue_tasks.defer(std::move(task));\n                        break;" in out[admit:], name
+        # handed on once every parked slot is back, one per free slot
+        resume = out[out.index("void resume_parked_slots()"):]
+        assert "if (deferred_while_parked && !has_parked_slot()) {" in resume and "pop_deferred_task(s.id)" in resume
+    with pytest.raises(LayoutError, match="a new task's slot chosen where upstream defers a task"):
+        patch.render(SRC, facts(admit_at=-1), patch.load_patch("park-slot"), stage=1)
+    right = patch.render(SRC, facts(), patch.load_patch("park-slot"), stage=1).decode()
+    first = patch.render(SRC, facts(), patch.load_patch("park-slot"), stage=1, variant="arrivals-first").decode()
+    assert "if (has_parked_slot()) {" not in first and first.count("\n") == right.count("\n") - 5
+
+
+def test_the_admission_anchor_is_found_by_meaning_where_upstream_defers():
+    """process_single_task chooses a new task's slot in a block that defers a task it cannot start
+    (C2 and D): the anchor is that statement, parsed with libclang; a block without upstream's defer
+    is no admission."""
+    from clang.cindex import Index
+
+    def found(body: str) -> int:
+        src = ("#include <utility>\nstruct server_task { int id; };\nstruct server_slot {};\n"
+               "struct server_queue { void defer(server_task && t); };\n"
+               "struct server_context {\n    server_queue queue_tasks;\n"
+               "    server_slot * get_available_slot(const server_task &);\n"
+               "    bool process_single_task(server_task && task) {\n        switch (task.id) {\n"
+               "            case 0:\n                {\n" + body + "                } break;\n        }\n"
+               "        return true;\n    }\n};\n")
+        tu = Index.create().parse("t.cpp", args=["-std=c++17", "-xc++"], unsaved_files=[("t.cpp", src)])
+        _, methods = anchors.declarations(tu)
+        at, indent = anchors._task_admission(src.encode(), "server_context", methods)
+        return -1 if at < 0 else src.encode()[at:].split(b"\n")[0].decode(), indent
+
+    choose = "                    server_slot * slot = get_available_slot(task);\n"
+    defer = "                    if (slot == nullptr) {\n                        queue_tasks.defer(std::move(task));\n" \
+            "                        break;\n                    }\n"
+    assert found(choose + defer) == (choose.rstrip("\n"), "                    ")
+    assert found(choose)[0] == -1          # no defer beside it: not where upstream holds a task back

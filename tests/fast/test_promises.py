@@ -17,9 +17,11 @@ def write(tmp_path, text):
 def test_a_declaration_like_a_family_gets_that_familys_promises(tmp_path):
     d = promises.load(write(tmp_path, 'like = "park-slot"\npolicy = "smallest"\n'))
     assert (d.expect, d.policy, d.family) == ("preemption", "smallest", "park-slot")
-    assert d.own == compare.Promises(park_bound=PARK_BOUND, resume_path="swap", resume_cells="exact", counters=True)
+    assert d.own == compare.Promises(park_bound=PARK_BOUND, resume_path="swap", resume_cells="exact", counters=True,
+                                     parked_first=True)
     assert d.own == promises.of_family("park-slot", "smallest", "x").own
     assert "resume by swap" in d.text and f"file {tmp_path}" in d.text
+    assert "new requests wait while one is parked" in d.text
 
 
 def test_each_family_promises_what_its_design_does():
@@ -28,6 +30,8 @@ def test_each_family_promises_what_its_design_does():
     assert all(o.counters for o in own.values())   # every family's /metrics counts what it does
     assert own["recompute-slot"].resume_cells == "exact" and own["recompute-slot"].resume_path == "recompute"
     assert own["recompute-prefill-slot"].resume_cells == "pending"   # its pending token decoded with the history
+    # every preemption family holds new requests back while one is parked; an eviction parks nobody
+    assert all(o.parked_first == (f != "evict-largest-slot") for f, o in own.items())
 
 
 def test_a_declaration_of_its_own_overrides_key_by_key(tmp_path):
@@ -38,6 +42,8 @@ def test_a_declaration_of_its_own_overrides_key_by_key(tmp_path):
     assert d.own == compare.Promises(witness=True) and d.policy == "newest"
     d = promises.load(write(tmp_path, 'like = "evict-largest-slot"\ncounters = false\n'))
     assert d.own == compare.Promises(witness=True) and "/metrics" not in d.text
+    d = promises.load(write(tmp_path, 'like = "park-slot"\nparked_first = false\n'))
+    assert not d.own.parked_first and d.own.park_bound == PARK_BOUND and "new requests wait" not in d.text
 
 
 @pytest.mark.parametrize("text,why", [
@@ -47,6 +53,8 @@ def test_a_declaration_of_its_own_overrides_key_by_key(tmp_path):
     ('expect = "preemption"\npark_bound = "3"\n', "park_bound = '3' is not one of int"),
     ('expect = "preemption"\neviction_log = 1\n', "eviction_log = 1 is not one of bool"),
     ('expect = "eviction"\nresume_path = "swap"\n', "are promises of a preemption"),
+    ('expect = "eviction"\nparked_first = true\n', "are promises of a preemption"),
+    ('expect = "preemption"\nparked_first = "yes"\n', "parked_first = 'yes' is not one of bool"),
     ('expect = "preemption"\nbound = 3\n', "unknown keys ['bound']"),
     ('expect = \n', "is not TOML"),
 ])

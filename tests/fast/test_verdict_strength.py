@@ -108,7 +108,7 @@ def test_an_earlier_start_without_overflow_must_complete_everything():
 def test_every_mutant_edits_the_rendered_right_patch(layout, family):
     spec = patch.load_patch(family)
     f = replace(facts(**LAYOUTS[layout]), enum_at=0, enum_indent="    ", resume_at=0, resume_indent="    ",
-                slot_json_at=0, slot_json_indent="    ", skip_at=0, skip_indent="    ")
+                slot_json_at=0, slot_json_indent="    ", skip_at=0, skip_indent="    ", admit_at=0, admit_indent="    ")
     right = patch.render(SRC, f, spec, stage=1)
     same = [name for name in spec.variants if patch.render(SRC, f, spec, stage=1, variant=name) == right]
     assert same == [] and len(spec.variants) >= (12 if family == "evict-largest-slot" else 3)

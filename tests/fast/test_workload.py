@@ -49,6 +49,13 @@ def test_prompt_ids_are_deterministic_and_never_special():
     ("name='x'\n[server]\nctx=128\nparallel=2\n[[requests]]\nslot=5\nprompt_len=3\nn_predict=1\n", "slots"),
     ("name='x'\nbogus=1\n[server]\nctx=128\nparallel=1\n[[requests]]\nslot=0\nprompt_len=3\nn_predict=1\n", "unknown"),
     ("name = [unclosed\n", "TOML"),
+    # `after` names another request's slot that starts on its own, and a count of tokens
+    ("name='x'\n[server]\nctx=128\nparallel=2\n[[requests]]\nslot=0\nprompt_len=3\nn_predict=1\n"
+     "[[requests]]\nslot=1\nprompt_len=3\nn_predict=1\nafter=[5, 10]\n", "must be [slot, tokens] naming another"),
+    ("name='x'\n[server]\nctx=128\nparallel=2\n[[requests]]\nslot=0\nprompt_len=3\nn_predict=1\n"
+     "[[requests]]\nslot=1\nprompt_len=3\nn_predict=1\nafter=[0, 0]\n", "1 token or more"),
+    ("name='x'\n[server]\nctx=128\nparallel=2\n[[requests]]\nslot=0\nprompt_len=3\nn_predict=1\nafter=[1, 2]\n"
+     "[[requests]]\nslot=1\nprompt_len=3\nn_predict=1\nafter=[0, 2]\n", "itself starts without `after`"),
 ])
 def test_invalid_workload_is_refused_clearly(tmp_path, text, needle):
     p = tmp_path / "bad.toml"
@@ -85,6 +92,18 @@ def test_launch_spread_is_the_largest_gap_of_the_first_group():
     eight = "\n".join(f"0.00.100.{100 * i:03d} I slot launch_slot_: id  {i} | task {i} | processing task"
                        for i in range(8))
     assert runner.launch_spread_ms(eight, workload.load("overflow-8")) == pytest.approx(0.1)
+
+
+def test_a_request_sent_after_anothers_tokens_is_not_in_the_first_group():
+    wl = workload.load("park-arrivals-3")
+    assert wl.requests[2].after == (1, 350) and [r.slot for r in wl.first_group()] == [0, 1]
+    assert [r.slot for r in workload.load("staggered").first_group()] == [0, 1]
+    # the queue's "new task" line is a post; the loop's own tasks post too (no launch names them)
+    trace = record.trace_from_log("que          post: new task, id = 7/1, front = 0\n"
+                                  "que          post: new task, id = 8, front = 0\n"
+                                  "slot launch_slot_: id  2 | task 7 | processing task\n")
+    # a request's post is kept; one no launch names (the loop's own NEXT_RESPONSE, a cancel) is not
+    assert [(t.kind, t.task) for t in trace] == [("post", 7), ("launch", 7)]
 
 
 def test_shift_workloads_are_marked():

@@ -14,7 +14,9 @@
 - recompute-prefill-slot: the pending sampled token re-prefilled with the history, its successor
   sampled on resume (one cell more than at the park): a right design that must pass;
 - lora-resume-3: a slot with a LoRA adapter recomputed after another task's batches set none: the
-  recompute must decode with the slot's own adapters (variant lora-stale: only the stream sees it).
+  recompute must decode with the slot's own adapters (variant lora-stale: only the stream sees it);
+- park-arrivals-3: a request that arrives while one is parked waits until it is back (variant
+  arrivals-first: upstream's admission lets it go ahead; only parked-first sees it).
 Each broken variant is killed by the check written for it, for its reason."""
 import re
 
@@ -214,3 +216,26 @@ def test_a_parked_slot_with_a_lora_adapter_is_skipped_by_the_batch_and_recompute
         k = broken(tree, tmp_path / "batched", "park-slot", "parked-batched", "lora-resume-3")
         assert "slot 0 paused at token" in k["waits-bounded"] and "never resumed" in k["waits-bounded"], k
         assert "slot 2: timeout after 0/20 tokens" in k["no-request-fails"], k
+
+
+@pytest.mark.parametrize("version,family", [(source.DEFAULT_VERSION, "park-slot"), ("0.3.36", "recompute-slot")])
+def test_a_request_that_arrives_while_one_is_parked_waits_its_turn(trees, tmp_path, version, family):
+    """park-arrivals-3 (issue 36, queues): slot 2 is sent when slot 1 has streamed 350 tokens, in
+    the middle of slot 0's park (by the steps, not a clock). It must start only once slot 0 is back:
+    measured from upstream's log (its queue's "new task" line, the slot's "processing task"). Admitted
+    at once (arrivals-first, upstream's admission) nothing fails and every stream is exact: only
+    parked-first sees it. C2 with park-slot, D with recompute-slot (the same admission, both built
+    for other tests: no TU more)."""
+    tree = trees(version)
+    res = judge(tree, tmp_path, family, ["park-arrivals-3"])
+    assert res.ok, failures(res)
+    run = res.results[0].candidate[0]
+    (a,) = measure.admissions(run)
+    assert (a.slot, a.parked) == (2, 0) and a.park_step < a.arrived < a.resume_step <= a.started, a
+    c = checks(res.results[0])["parked-first"]
+    assert c.status == "pass" and c.detail.startswith("1 request(s) arrived while one was parked"), c.detail
+    if version == source.DEFAULT_VERSION:
+        k = broken(tree, tmp_path / "first", "park-slot", "arrivals-first", "park-arrivals-3")
+        assert set(k) == {"parked-first"}, k           # every request completes, every stream exact
+        assert re.search(r"task \d+ \(slot 2\) arrived at step \d+ and started at step \d+, while slot 0 was parked "
+                         r"\(since step \d+, back at step \d+\)", k["parked-first"]), k

@@ -54,7 +54,8 @@ def test_the_exported_park_series_merged_into_a_plain_branch_keeps_its_promises(
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     rep = json.loads((tmp_path / "right" / "report.json").read_text())
     assert rep["promises"] == ("preemption, policy largest; a request parked 3 times is passed over; resume by swap; "
-                               "resume holding exactly its cells; /metrics counts them (park-slot, code: park-slot's definitions in "
+                               "resume holding exactly its cells; new requests wait while one is parked; /metrics counts them "
+                               "(park-slot, code: park-slot's definitions in "
                                "tools/server/server-context.cpp)"), rep["promises"]
     assert "promises judged beyond the property: preemption, policy largest" in res.stdout
     c = checks(rep)
