@@ -4,7 +4,8 @@ Every mutant of patches/<name>/patch.toml ([variants.*]: an edit of the rendered
 patch._variant_edit) is rendered on the base as commit objects, built (one TU on the shared
 workspace), and judged exactly as a candidate is: the static checks of the patched TU, the C++
 property harness of the batch surgery, and the workload suite against the same base. A mutant is
-killed when any check fails, and each failing check is kept with its reason; ALIVE otherwise.
+killed when any check fails, and each failing check is kept with its reason; not-reached when
+nothing failed and its killer skipped in every run (the shape it judges never happened); ALIVE otherwise.
 The base side's runs and controls are made once per campaign and shared (verify.run_suite's
 `reuse`), so a mutant costs one TU compile plus its candidate runs.
 """
@@ -125,13 +126,28 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
                                        candidate_env=meta.get("env"), model_name=model_name)
         except BuildError as e:
             return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
-        for wr in res.results:
-            for v in wr.verdicts:
-                if v.side != "candidate":
-                    continue
-                kills += [Kill(c.name, f"{wr.workload.name} run {v.run_index + 1}", c.detail, v.run_index + 1)
-                          for c in v.checks if c.status == "fail"]
+        found, skipped = suite_kills(res.results, meta.get("killer", ""))
+        kills += found
+        if not kills and skipped:
+            return result("not-reached", note=skipped)
     return result("killed" if kills else "ALIVE", kills)
+
+
+def suite_kills(results, killer: str) -> tuple[list[Kill], str]:
+    """Every failing check of the candidate's verdicts (with where and why), and, when the mutant's
+    own killer skipped in every one of them, its reasons: the shape it judges was never reached, so
+    a mutant nothing failed is not-reached (no evidence either way), not ALIVE."""
+    kills, skipped, n = [], [], 0
+    for wr in results:
+        for v in wr.verdicts:
+            if v.side != "candidate":
+                continue
+            n += 1
+            kills += [Kill(c.name, f"{wr.workload.name} run {v.run_index + 1}", c.detail, v.run_index + 1)
+                      for c in v.checks if c.status == "fail"]
+            skipped += [f"{killer} skipped on {wr.workload.name} run {v.run_index + 1}: {c.detail}"
+                        for c in v.checks if c.name == killer and c.status == "skip"]
+    return kills, "; ".join(skipped) if n and len(skipped) == n else ""
 
 
 def campaign(repo: git.Repo, base: str, names: list[str], workloads: list[Workload], *, repeat: int = 1,

@@ -238,3 +238,27 @@ def test_the_counters_are_held_to_the_events_measured():
     assert "missing from /metrics (promised" in check((("llamacpp:n_decode_total", 9.0),)).detail
     assert check(None).status == "skip"             # not read: the server did not answer
     assert check(((compare.EVICTIONS, 0.0),), own=compare.NONE) is None   # a foreign patch promises none
+
+
+def test_a_mutant_whose_killer_never_judged_it_is_not_reached_not_alive():
+    """A variant's killer that skipped in every run (its shape not reached: park-arrivals-3's arrival
+    posted after the resume by a descheduled client) is no evidence either way: not-reached, with
+    the skip's reason. A failing check anywhere, or one run that reached it, decides as before."""
+    from types import SimpleNamespace as NS
+
+    from toolkit.compare import Check, Verdict
+    from toolkit.mutate import suite_kills
+
+    skip = Check("parked-first", "skip", "no request arrived while one was parked (a shape not reached)")
+    ok = Check("parked-first", "pass", "1 request(s) arrived while one was parked")
+    bad = Check("parked-first", "fail", "task 7 (slot 2) arrived at step 320 and started at step 320")
+
+    def wr(*checks, side="candidate"):
+        return NS(workload=NS(name="park-arrivals-3"),
+                  verdicts=[Verdict("park-arrivals-3", side, i, (c,)) for i, c in enumerate(checks)])
+    kills, why = suite_kills([wr(skip, skip), wr(bad, side="base")], "parked-first")
+    assert kills == [] and why.count("parked-first skipped on park-arrivals-3 run") == 2 and "not reached" in why
+    assert suite_kills([wr(skip, ok)], "parked-first") == ([], "")          # reached once: ALIVE if nothing failed
+    kills, why = suite_kills([wr(skip, bad)], "parked-first")
+    assert [(k.check, k.where, k.run) for k in kills] == [("parked-first", "park-arrivals-3 run 2", 2)] and why == ""
+    assert suite_kills([wr(skip)], "streams-exact") == ([], "")              # another killer: not this rule's

@@ -220,14 +220,16 @@ def test_a_parked_slot_with_a_lora_adapter_is_skipped_by_the_batch_and_recompute
 
 @pytest.mark.parametrize("version,family", [(source.DEFAULT_VERSION, "park-slot"), ("0.3.36", "recompute-slot")])
 def test_a_request_that_arrives_while_one_is_parked_waits_its_turn(trees, tmp_path, version, family):
-    """park-arrivals-3 (issue 36, queues): slot 2 is sent when slot 1 has streamed 350 tokens, in
-    the middle of slot 0's park (by the steps, not a clock). It must start only once slot 0 is back:
+    """park-arrivals-3 (issue 36, queues): slot 2 is sent when slot 1 has streamed 320 tokens, just
+    after slot 0's park at step 315 and 1280 steps before its resume. It must start only once slot 0 is back:
     measured from upstream's log (its queue's "new task" line, the slot's "processing task"). Admitted
     at once (arrivals-first, upstream's admission) nothing fails and every stream is exact: only
     parked-first sees it. C2 with park-slot, D with recompute-slot (the same admission, both built
     for other tests: no TU more)."""
     tree = trees(version)
     res = judge(tree, tmp_path, family, ["park-arrivals-3"])
+    if checks(res.results[0])["parked-first"].status == "skip":   # posted after the resume: not reached, run again
+        res = judge(tree, tmp_path / "again", family, ["park-arrivals-3"])
     assert res.ok, failures(res)
     run = res.results[0].candidate[0]
     (a,) = measure.admissions(run)
