@@ -73,16 +73,25 @@ class Exchange:
         self.token_t: list[float] = []
         self.notices: list[tuple[str, int]] = []  # SSE comment lines (": preempted"), with the tokens before each
         self._buf = b""
+        self._sent = 0             # bytes of `wire` already sent (prime)
 
     def connect(self) -> None:
         self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def prime(self) -> None:
+        """Connect and send all but the request's last byte: the server's HTTP thread holds it,
+        unparsed, until that byte comes, so a later `write()` reaches the queue within one send
+        (an `after` request's post then lags its trigger by the client's read alone)."""
+        self.connect()
+        self.sock.sendall(self.wire[:-1])
+        self._sent = len(self.wire) - 1
+
     def write(self) -> None:
         if self.sock is None:
             self.connect()
         self.t_start = time.monotonic() - self.t0
-        self.sock.sendall(self.wire)
+        self.sock.sendall(self.wire[self._sent:])
         self.sock.setblocking(False)
         self.t_last = time.monotonic()
 
@@ -185,7 +194,8 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
     """Send `reqs` and collect their outcomes. The requests that start first (smallest start_ms)
     are connected, then written together inside `release(write_all)` (the runner pauses the
     server around it); later ones are written at their start_ms, or once the request they follow
-    (`after`) has streamed that many tokens. `abandon` is asked after
+    (`after`) has streamed that many tokens: those are primed with the first group (all but
+    their last byte sent), so the trigger costs one send. `abandon` is asked after
     every wake-up; when it answers True the exchange raises Abandoned. `flood` too: when it gives a
     reason (the server spins without progress), every request still open ends as a timeout with it."""
     t0 = time.monotonic()
@@ -199,6 +209,17 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
     triggered = [x for x in pending if x.req.after]
     active: list[Exchange] = []
 
+    def send(group: list[Exchange]) -> None:
+        for x in group:
+            if x.finished:
+                continue
+            try:
+                x.write()
+                sel.register(x.sock, selectors.EVENT_READ, x)
+                active.append(x)
+            except OSError as e:
+                x.end("crashed", f"could not send: {e}")
+
     def start(group: list[Exchange]) -> None:
         for x in group:
             try:
@@ -207,15 +228,13 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
                 x.end("crashed", f"could not connect: {e}")
 
         def write_all() -> None:
-            for x in group:
-                if x.finished:
-                    continue
-                try:
-                    x.write()
-                    sel.register(x.sock, selectors.EVENT_READ, x)
-                    active.append(x)
-                except OSError as e:
-                    x.end("crashed", f"could not send: {e}")
+            if group is together:
+                for x in triggered:   # primed while the server is paused, with the first group
+                    try:
+                        x.prime()
+                    except OSError as e:
+                        x.end("crashed", f"could not connect: {e}")
+            send(group)
         (release or (lambda f: f()))(write_all)
 
     try:
@@ -227,7 +246,7 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
             for x in [x for x in triggered if by_slot[x.req.after[0]].finished
                       or len(by_slot[x.req.after[0]].tokens) >= x.req.after[1]]:
                 triggered.remove(x)
-                start([x])
+                send([x])   # its last byte: no pause, the server reads it at once
             wait = 0.05
             if waiting:
                 wait = min(wait, max(0.0, (waiting[0].req.start_ms - first) / 1000 - (time.monotonic() - t_rel)))

@@ -201,15 +201,21 @@ def test_a_parked_slot_with_a_lora_adapter_is_skipped_by_the_batch_and_recompute
     the slot's own adapters, not the last batch's (lora-stale: only the stream sees it). Reached,
     measured from upstream's log: slot 2 decoded between slot 0's park and its resume."""
     tree = trees(version)
+
+    def reached(res):   # slot 2 decoded between slot 0's park and its resume
+        run = res.results[0].candidate[0]
+        ps = measure.pauses(run)
+        assert list(ps) == [0] and ps[0][0].resumed, ps
+        entries = pauses._entries(run)[0]
+        parked = ps[0][0].step
+        back = min(step for step, _, _ in entries[0] if step > parked)
+        return any(parked < step < back for step, _, _ in entries[2]), (parked, back, entries[2][:3])
     res = judge(tree, tmp_path, "recompute-slot", ["lora-resume-3"])
+    if not reached(res)[0]:   # slot 2 posted after the park (a descheduled client): not reached, run again
+        res = judge(tree, tmp_path / "again", "recompute-slot", ["lora-resume-3"])
     assert res.ok, failures(res)
-    run = res.results[0].candidate[0]
-    ps = measure.pauses(run)
-    assert list(ps) == [0] and ps[0][0].resumed, ps
-    entries = pauses._entries(run)[0]
-    parked = ps[0][0].step
-    back = min(step for step, _, _ in entries[0] if step > parked)
-    assert any(parked < step < back for step, _, _ in entries[2]), (parked, back, entries[2][:3])
+    ok, where = reached(res)
+    assert ok, where
     k = broken(tree, tmp_path / "stale", "recompute-slot", "lora-stale", "lora-resume-3")
     assert set(k) == {"streams-exact"} and "slot 0: differs from its control at token" in k["streams-exact"], k
     if version == source.DEFAULT_VERSION:   # the same surgery on D; one TU fewer in CI
@@ -220,8 +226,8 @@ def test_a_parked_slot_with_a_lora_adapter_is_skipped_by_the_batch_and_recompute
 
 @pytest.mark.parametrize("version,family", [(source.DEFAULT_VERSION, "park-slot"), ("0.3.36", "recompute-slot")])
 def test_a_request_that_arrives_while_one_is_parked_waits_its_turn(trees, tmp_path, version, family):
-    """park-arrivals-3 (issue 36, queues): slot 2 is sent when slot 1 has streamed 320 tokens, just
-    after slot 0's park at step 315 and 1280 steps before its resume. It must start only once slot 0 is back:
+    """park-arrivals-3 (issue 36, queues): slot 2 is sent when slot 1 has streamed 210 tokens, just
+    after slot 0's park at step 203 and 490 steps before its resume. It must start only once slot 0 is back:
     measured from upstream's log (its queue's "new task" line, the slot's "processing task"). Admitted
     at once (arrivals-first, upstream's admission) nothing fails and every stream is exact: only
     parked-first sees it. C2 with park-slot, D with recompute-slot (the same admission, both built
