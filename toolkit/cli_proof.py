@@ -548,6 +548,7 @@ def traffic_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, n
     for t in loads:
         with ui.step(f"traffic {t.name}"):
             results.append(tr.compare(base_bin, cand_bin, t, out_dir / "logs", promise=promise,
+                                      parked_first=bool(declared and declared.own.parked_first),
                                       with_base=not candidate_only, repeat=repeat, say=ui.say))
     doc = {"base": base, "candidate": cand, "candidate_label": label, "promise": tr.PROMISES[promise],
            "promises": declared.text if declared else "",

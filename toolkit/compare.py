@@ -644,16 +644,22 @@ def preemption(m: Measured, control: Run | None, exact: bool = True, own: Promis
 def parked_first(m: Measured) -> Check:
     """A request that arrived while another was parked starts only once every parked one is back
     (first come, first served). Not reached (nobody arrived during a park): skipped, not a verdict."""
-    if not m.admissions:
+    return parked_first_of(m.admissions)
+
+
+def parked_first_of(admissions) -> Check:
+    """parked_first from measured admissions (a workload's or the traffic's, pauses.py)."""
+    if not admissions:
         return Check("parked-first", "skip", "no request arrived while one was parked (a shape not reached)")
-    ahead = [a for a in m.admissions if not a.first]
-    return _check("parked-first", not ahead, "; ".join(
+    ahead = [a for a in admissions if not a.first]
+    return _check("parked-first", not ahead, ("; ".join(
         f"task {a.task} (slot {a.slot}) arrived at step {a.arrived} and started at step {a.started}, while slot "
         f"{a.parked} was parked (since step {a.park_step}, "
-        + (f"back at step {a.resume_step})" if a.resume_step >= 0 else "never back)") for a in ahead) if ahead else
-        f"{len(m.admissions)} request(s) arrived while one was parked, each started only once it was back (first: "
-        f"task {m.admissions[0].task} arrived at step {m.admissions[0].arrived}, slot {m.admissions[0].parked} back "
-        f"at step {m.admissions[0].resume_step}, started at step {m.admissions[0].started})")
+        + (f"back at step {a.resume_step})" if a.resume_step >= 0 else "never back)") for a in ahead[:3])
+        + (f" (+{len(ahead) - 3} more)" if len(ahead) > 3 else "")) if ahead else
+        f"{len(admissions)} request(s) arrived while one was parked, each started only once it was back (first: "
+        f"task {admissions[0].task} arrived at step {admissions[0].arrived}, slot {admissions[0].parked} back "
+        f"at step {admissions[0].resume_step}, started at step {admissions[0].started})")
 
 
 def describe_pauses(ps: dict[int, tuple[Pause, ...]]) -> str:

@@ -210,21 +210,49 @@ def admissions(run: Run) -> tuple[Admission, ...]:
     back, not started before its park), with where it started. A park's window runs from its step (the loop takes new tasks after that step) to the
     step its slot's entries come back in (its resume, before that step's batch). Requests are the
     tasks a launch names; the queue's other tasks (the loop's own NEXT_RESPONSE) never start."""
+    windows = []
+    for v in pauses(run).values():
+        for p in v:
+            if p.step >= 0:
+                windows.append((p.step, p.step + 1 + p.steps + p.idle_steps if p.resumed else -1, p.slot))
+    return _admitted(run.trace, windows)
+
+
+def queue_admissions(trace) -> tuple[Admission, ...]:
+    """`admissions` for traffic, where a slot serves many tasks one after another: a park is a gap
+    in one task's batch entries (the steps between two of its entries) while other tasks' entries
+    went on, read per task from upstream's log. A park that never came back is not a window here
+    (the conversation's own checks see the turn lost)."""
+    seen: dict[int, list[int]] = {}     # task -> steps of its entries
+    slot_of: dict[int, int] = {}
+    busy: list[bool] = []
+    step = -1
+    for t in trace:
+        if t.kind == "step":
+            step += 1
+            busy.append(False)
+        elif t.kind == "entry" and step >= 0:
+            busy[step] = True
+            seen.setdefault(t.task, []).append(step)
+            slot_of[t.task] = t.slot
+    windows = [(i, j, slot_of[task]) for task, steps in seen.items() for i, j in zip(steps, steps[1:])
+               if any(busy[i + 1:j])]
+    return _admitted(trace, windows)
+
+
+def _admitted(trace, windows: list[tuple[int, int, int]]) -> tuple[Admission, ...]:
+    """The tasks handed to the queue inside a park's window (step, resume step or -1, slot) and not
+    started before its park, with where each started."""
     posted: dict[int, int] = {}
     launched: dict[int, tuple[int, int]] = {}   # task -> (slot, step)
     step = -1
-    for t in run.trace:
+    for t in trace:
         if t.kind == "step":
             step += 1
         elif t.kind == "post":
             posted.setdefault(t.task, step)
         elif t.kind == "launch":
             launched.setdefault(t.task, (t.slot, step))
-    windows = []
-    for v in pauses(run).values():
-        for p in v:
-            if p.step >= 0:
-                windows.append((p.step, p.step + 1 + p.steps + p.idle_steps if p.resumed else -1, p.slot))
     out = []
     for task, arrived in posted.items():
         if task not in launched:

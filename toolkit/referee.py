@@ -294,7 +294,8 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
     base_rows_done = False
     known = strategies()  # every family's patch.toml, read once
     said: list[tuple[str, str]] = []
-    served: list[tuple[str, str, str]] = []   # (row, candidate commit, what it promises: its traffic promise)
+    # (row, candidate commit, what it promises: its traffic promise, and whether queued requests wait for a park)
+    served: list[tuple[str, str, str, bool]] = []
     for entry in entries:
         fam = known[entry.strategy][0]
         if fam is None:
@@ -308,7 +309,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
                                    model_name=model_name, expect="auto", evicting_patch=True, reuse=reuse,
                                    say=say, progress=progress, patch_expect=spec.expect, family=spec.name)
         builds[entry.label] = dict(res.timings).get("build candidate", 0.0)
-        served.append((entry.label, cand, spec.expect))
+        served.append((entry.label, cand, spec.expect, spec.expect == "preemption"))   # promises.of_family
         for wr in res.results:
             rows += _rows(entry, wr, res.expect, not base_rows_done and any(e.strategy == "base" for e in entries))
         base_rows_done = True
@@ -329,7 +330,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
                                    patch_expect=own.expect if own else "eviction", declared=own,
                                    family=own.family if own else "")
         builds[label] = dict(res.timings).get("build candidate", 0.0)
-        served.append((label, cand, own.expect if own else "eviction"))
+        served.append((label, cand, own.expect if own else "eviction", bool(own and own.own.parked_first)))
         for wr in res.results:
             rows += _rows(Entry(label, ""), wr, res.expect,
                           not base_rows_done and any(e.strategy == "base" for e in entries))
@@ -344,7 +345,7 @@ def referee(repo: git.Repo, base: str, entries: list[Entry], workloads: list[Wor
                  repeat, command, tuple(said), tables)
 
 
-def _traffic(repo: git.Repo, base: str, traffics, served: list[tuple[str, str, str]], with_base: bool, *,
+def _traffic(repo: git.Repo, base: str, traffics, served: list[tuple[str, str, str, bool]], with_base: bool, *,
              opts: build_mod.Options, out_dir: Path, repeat: int, say, progress) -> tuple[TrafficTable, ...]:
     """Each traffic workload served by every row's build (cached by content: the lab rows built
     them), `repeat` times; the base's runs come with the first row's. The traffic's own model
@@ -355,11 +356,12 @@ def _traffic(repo: git.Repo, base: str, traffics, served: list[tuple[str, str, s
     base_bin = build_mod.build(repo, base, opts, progress).binary if traffics else None
     for t in traffics:
         by: dict[str, tuple] = {}
-        for k, (label, cand, expect) in enumerate(served):
+        for k, (label, cand, expect, parked_first) in enumerate(served):
             say(f"== traffic {t.name}: {label}")
             res = traffic_mod.compare(base_bin, build_mod.build(repo, cand, opts, progress).binary, t,
                                       out_dir / label.replace(":", "-").replace("/", "-").replace(" ", "_"),
                                       promise="preemption" if expect == "preemption" else "one-victim",
+                                      parked_first=parked_first,
                                       with_base=with_base and k == 0, repeat=repeat, say=say)
             if res.base:
                 by["base"] = res.base      # the first row's: the table's first

@@ -47,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import compare as compare_mod
+from . import pauses as pauses_mod
 from . import record, serverlog
 from . import runner as runner_mod
 from .errors import UsageError
@@ -205,6 +207,7 @@ class TrafficRun:
     overflows: tuple[int, ...]                    # per overflow (one loop turn's errors): requests it ended
     exit_code: int | None
     pressure: int = 0                             # loop turns in which the pool could not place a batch
+    admissions: tuple = ()                        # requests queued while another was parked (pauses.py)
 
 
 def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, counter: list[int]) -> Attempt:
@@ -396,7 +399,8 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
     trace = record.trace_from_log(text)
     return TrafficRun(t.name, side, wall, tuple(sorted(attempts, key=lambda a: (a.user, a.turn, a.attempt))),
                       tuple(conversations), tuple(sorted(set(lost))), after, str(log_path),
-                      shapes(text, attempts), overflows(trace), exit_code, pressure(trace))
+                      shapes(text, attempts), overflows(trace), exit_code, pressure(trace),
+                      pauses_mod.queue_admissions(trace))
 
 
 def shapes(log_text: str, attempts) -> tuple[str, ...]:
@@ -488,7 +492,7 @@ def controls(binary: Path, model: Path, t: Traffic, runs, log_path: Path, *, tim
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str          # pass | fail | inconclusive
+    status: str          # pass | fail | inconclusive | skip (a promise whose shape was not reached)
     detail: str
 
 
@@ -553,7 +557,11 @@ def _diverge(a: str, b: str) -> int:
 PROMISES = {"one-victim": "one-victim-per-overflow", "preemption": "no-request-ended"}
 
 
-def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-victim") -> Side:
+def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-victim",
+          parked_first: bool = False) -> Side:
+    """The turn-by-turn checks of one run. `parked_first`: the candidate promises that a request
+    queued while another is parked waits until it is back (a preemption family's own promise,
+    promises.py); judged from upstream's log, skipped when no request was queued during a park."""
     side = stats(t, r)
     checks = []
     bad, missing = [], 0
@@ -601,6 +609,9 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
                             f"the pool ran out in {r.pressure} loop turns; {len(r.overflows)} overflows ended "
                             f"{list(r.overflows)} requests" + (f": {len(many)} ended more than one" if many else
                                                                (", one each" if r.overflows else ""))))
+    if promise == "preemption" and parked_first:
+        c = compare_mod.parked_first_of(r.admissions)   # the laboratory's check, on this run's admissions
+        checks.append(Check(c.name, c.status, c.detail))
     if t.oversize or t.hangup:
         checks.append(_rude(t, r))
     hungry = starved(r) if promise == "one-victim" else ()
@@ -797,13 +808,14 @@ class Result:
         checks = [c for s in self.candidate for c in s.checks]
         if any(c.status == "fail" for c in checks):
             return "FAIL"
-        names = {c.name for c in checks}
+        names = {c.name for c in checks if c.status != "skip"}   # a promise whose shape no run reached
         passed = {c.name for c in checks if c.status == "pass"}
         return "PASS" if names == passed else "INCONCLUSIVE"
 
 
 def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_name: str | None = None,
-            promise: str = "one-victim", with_base: bool = True, repeat: int = 1, say=lambda s: None) -> Result:
+            promise: str = "one-victim", parked_first: bool = False, with_base: bool = True, repeat: int = 1,
+            say=lambda s: None) -> Result:
     """The traffic on the base and on the candidate, `repeat` times each, every turn against its
     solo control (served by the base binary: the control is upstream's own answer, never the
     candidate's)."""
@@ -820,7 +832,7 @@ def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_
     say(f"{t.name}: every turn again, alone, on a quiet base server (the controls)")
     ctl = controls(base_bin, m.path, t, [r for rs in runs.values() for r in rs], out_dir / f"{t.name}.control.log")
     return Result(t, tuple(judge(t, r, ctl) for r in runs["base"]),
-                  tuple(judge(t, r, ctl, promise) for r in runs["candidate"]))
+                  tuple(judge(t, r, ctl, promise, parked_first) for r in runs["candidate"]))
 
 
 # ---- the referee's traffic rows: strategies side by side on the same traffic

@@ -301,3 +301,55 @@ def test_a_client_library_failure_is_no_evidence_against_the_server():
     assert got["no-request-ended"].status == "pass", "the client's failure is not a request the server ended"
     assert got["client-sound"].status == "inconclusive" and "PydanticUserError" in got["client-sound"].detail
     assert side.outcome == "INCONCLUSIVE"
+
+
+def _queue_trace(started: int, posted: int = 4):
+    """Slot 0 serves task 1 then task 5; task 1 is parked after its entry in step 2 and back in step 6
+    while slot 1's task 2 decodes every step; task 9 is queued in step `posted` and starts on slot 1
+    in step `started` (slot 1's task 2 ended in step 3)."""
+    tr = []
+    for step in range(9):
+        tr.append(Trace("step"))
+        if step == posted:
+            tr.append(Trace("post", task=9))
+        if step == started:
+            tr.append(Trace("launch", 1, 9))
+        if step not in (3, 4, 5):
+            tr.append(Trace("entry", 0, 1 if step < 7 else 5, 100 + step))
+        if step <= 3:
+            tr.append(Trace("entry", 1, 2, 10 + step))
+        elif step >= started:
+            tr.append(Trace("entry", 1, 9, 10 + step))
+    return tuple(tr)
+
+
+def test_traffic_judges_parked_first_per_task_from_upstreams_log():
+    """In traffic a slot serves many tasks: a park is a gap in one task's entries while others went
+    on (task 1: steps 2 -> 6). Task 9, queued in step 4, kept its turn when it started in step 6;
+    started in step 4 it went ahead of the parked one: a FAIL quoting where. Judged only for a
+    candidate that promises it, and a run where nobody was queued during a park is not a verdict."""
+    from toolkit import pauses
+
+    (a,) = pauses.queue_admissions(_queue_trace(started=6))
+    assert (a.task, a.slot, a.arrived, a.started, a.parked, a.park_step, a.resume_step, a.first) == \
+        (9, 1, 4, 6, 0, 2, 6, True)
+    assert not pauses.queue_admissions(_queue_trace(started=4))[0].first
+    assert pauses.queue_admissions(_queue_trace(started=7, posted=7)) == ()   # queued after the resume
+    # task 5 follows task 1 on slot 0 (step 7): a new task on the slot, not a pause of it
+    assert {x.parked for x in pauses.queue_admissions(_queue_trace(started=6))} == {0}
+    ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q")]
+    ctl = {"p0": "abcd", "p1": "q"}
+
+    def side(started, parked_first=True, posted=4):
+        run = replace(_run(ok, overflows=(), pressure=3),
+                      admissions=pauses.queue_admissions(_queue_trace(started, posted)))
+        return traffic.judge(_t(), run, ctl, "preemption", parked_first)
+    assert side(6).outcome == "PASS" and [c.status for c in side(6).checks if c.name == "parked-first"] == ["pass"]
+    bad = [c for c in side(4).checks if c.status == "fail"]
+    assert side(4).outcome == "FAIL" and [c.name for c in bad] == ["parked-first"]
+    assert bad[0].detail == ("task 9 (slot 1) arrived at step 4 and started at step 4, while slot 0 was parked "
+                             "(since step 2, back at step 6)")
+    assert "parked-first" not in [c.name for c in side(4, parked_first=False).checks]   # not promised: not judged
+    skipped = side(7, posted=7)
+    assert skipped.outcome == "PASS" and [c.status for c in skipped.checks if c.name == "parked-first"] == ["skip"]
+    assert traffic.Result(_t(), (), (skipped,)).outcome == "PASS"   # a promise not reached is no verdict

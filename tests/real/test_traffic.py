@@ -3,6 +3,7 @@ client against the default tree's llama-server on upstream's defaults (prompt ca
 chosen by similarity, a queue), base and candidate, each turn against its solo control. Each
 check the traffic adds is shown failing on a wrong patch, for its reason."""
 import json
+import re
 import subprocess
 import sys
 
@@ -152,6 +153,30 @@ def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, t
     assert len(first) == 1 and first[0]["ok"], first
     got = {c["name"]: c["detail"] for c in cand["checks"]}
     assert "users [0] were refused a turn longer than the pool" in got["conversations-complete"], got
+
+
+def test_a_request_queued_while_one_is_parked_waits_for_it_in_the_users_traffic(c2_base, tmp_path):
+    """parked-first (issue 36, queues) judged on the users' traffic, not only a laboratory workload:
+    lemonade-3276 queues six users on four slots, so requests arrive while one is parked. park-slot
+    holds them back until it is back (reached: measured 4-9 such requests per run); upstream's
+    admission (the variant arrivals-first) lets them start at once, and only parked-first fails:
+    every turn still completes, exact."""
+    res = patchkit("traffic", "--patch", "park-slot", "--workload", "lemonade-3276", "--candidate-only", "--json",
+                   "--report-dir", str(tmp_path / "right"))
+    _, cand = sides(json.loads(res.stdout), "lemonade-3276")
+    got = {c["name"]: c for c in cand["checks"]}
+    assert res.returncode == 0, (cand["checks"], res.stderr[-2000:])
+    assert got["parked-first"]["status"] == "pass" and "arrived while one was parked, each started only once it " \
+        "was back" in got["parked-first"]["detail"], got["parked-first"]
+    res = patchkit("traffic", "--patch", "park-slot", "--variant", "arrivals-first", "--workload", "lemonade-3276",
+                   "--candidate-only", "--json", "--report-dir", str(tmp_path / "first"))
+    assert res.returncode == 1, res.stderr[-3000:] + res.stdout[-3000:]
+    _, cand = sides(json.loads(res.stdout), "lemonade-3276")
+    bad = failed(cand)
+    assert list(bad) == ["parked-first"], bad
+    assert re.match(r"task \d+ \(slot \d\) arrived at step \d+ and started at step \d+, while slot \d was parked "
+                    r"\(since step \d+, back at step \d+\)", bad["parked-first"]), bad
+    assert all(a["ok"] for a in cand["attempts"]), cand["attempts"]
 
 
 def test_a_reviewers_patch_file_and_a_commit_merged_into_the_base(c2, c2_patched, tmp_path):
