@@ -167,8 +167,9 @@ def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_p
     recomputed), built with ASan+UBSan on the TU the patch changes and the KV cache it frees cells
     in. Runs: a park (overflow-4), parks again and again (many-resumes-8), a parked slot spared
     beside an n_cmpl family that outgrows the pool alone (park-beside-family) and a parked slot with
-    a LoRA adapter resumed after a task without one (lora-resume-3). Zero findings, and
-    every preemption check still holds."""
+    a LoRA adapter resumed after a task without one (lora-resume-3) and a request queued while one is
+    parked, handed on at its resume (park-arrivals-3). Zero findings, and every preemption check
+    still holds."""
     from toolkit import model, promises, runner
     from .conftest import sanitized_build
 
@@ -179,7 +180,7 @@ def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_p
     for budget in (None, "0"):
         env = {"LLAMA_ARG_PREEMPT_RAM": budget} if budget else None
         own = promises.of_family("hybrid-slot", "largest", "x", env).own
-        for name in ("overflow-4", "many-resumes-8", "park-beside-family", "lora-resume-3"):
+        for name in ("overflow-4", "many-resumes-8", "park-beside-family", "lora-resume-3", "park-arrivals-3"):
             wl = workload.load(name)
             r = runner.run(binary, model.resolve(wl.model, lambda s: None).path, wl, tmp_path / f"{name}.{budget}.log",
                            probe_pool=True, env=env)
@@ -188,7 +189,9 @@ def test_the_preemption_states_run_clean_under_asan_and_ubsan(c2, c2_base, tmp_p
             assert not [c for c in v.checks if c.status == "fail"], (name, budget, [(c.name, c.detail) for c in v.checks
                                                                                    if c.status == "fail"])
             seen |= {("swap" if p.restored else "recompute") for ps in measure.pauses(r).values() for p in ps}
-    assert seen == {"swap", "recompute"}   # both resume paths ran under the sanitizers
+            if name == "park-arrivals-3":   # the deferred task handed on by the resume ran, checked
+                seen |= {c.name for c in v.checks if c.name == "parked-first" and c.status == "pass"}
+    assert seen == {"swap", "recompute", "parked-first"}   # both resume paths and the hand-on ran under the sanitizers
 
 
 @pytest.mark.parametrize("version", [source.DEFAULT_VERSION, "0.3.36"])   # C2, D
