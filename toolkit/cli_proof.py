@@ -60,8 +60,8 @@ def mutants_cmd(repo, base_ref, patch_name, names, workloads, repeat, report_dir
     a guard inverted...; patches/evict-largest-slot/patch.toml). Each is built on the base
     (one TU on the shared build) and judged as a candidate: static checks, the C++ property
     harness, the workload suite. Prints mutant -> killed (by which check, where, why),
-    not-reached (its killer skipped in every run) or ALIVE, and the mutation score. Exit 0 when every mutant not claimed equivalent is
-    killed, 1 otherwise.
+    not-reached (its killer skipped in every run) or ALIVE, and the mutation score. Exit 0
+    when every mutant not claimed equivalent is killed, 1 otherwise.
 
     \b
     Examples:
