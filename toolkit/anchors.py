@@ -67,6 +67,9 @@ class Facts:
     admit_indent: str = ""    # in process_single_task), in a case that defers a task with `queue_tasks.defer`
     decode_yield: str = ""    # the call the server's decode runs inside (C2, D: `queue_tasks.yield_to_queue`, whose
                               # worker answers /metrics and /slots meanwhile); "": a bare decode
+    handover_at: int = -1     # line start of the first statement of the decode handler's loop that hands a
+    handover_indent: str = "" # parent's prompt to its n_cmpl children (`copy_state_to`); -1: not in the handler
+    handover_slot: str = ""   # that loop's slot variable
 
     def __post_init__(self):  # read back from the facts cache's JSON, the sites are lists
         object.__setattr__(self, "metrics_sites", tuple(tuple(s) for s in self.metrics_sites))
@@ -281,7 +284,29 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
                  metrics_sites(source), public_at, slot_json.end() if slot_json else -1,
                  slot_json[1].decode() if slot_json else "", skip_at, skip_indent, admit_at, admit_indent,
-                 decode_yield)
+                 decode_yield, *_handover(source, owner, methods, method.spelling))
+
+
+def _handover(source: bytes, owner: str, methods, handler: str) -> tuple[int, str, str]:
+    """Where the decode handler (C2, D: decode(), called once per batch view) hands a parent's prompt
+    to its n_cmpl children: the range-for over the slots whose body calls `copy_state_to`. It runs
+    after every view, so a batch decoded in several views (a retry after a full KV cache) hands the
+    prompt over before its last entries are decoded. (first statement's line start, its indent, the
+    loop's slot variable); (-1, "", ""): not in the handler (layouts A, B, C)."""
+    from clang.cindex import CursorKind as K
+
+    for m in (m for o, m in methods if o == owner and m.spelling == handler):
+        for c in _walk(m):
+            if c.kind != K.CXX_FOR_RANGE_STMT or "copy_state_to" not in _tokens(c):
+                continue
+            var = next((k for k in c.get_children() if k.kind == K.VAR_DECL), None)
+            body = next((k for k in c.get_children() if k.kind == K.COMPOUND_STMT), None)
+            first = next(iter(body.get_children()), None) if body is not None else None
+            if var is None or first is None:
+                continue
+            return _line_start(source, first.extent.start.offset), _indent_at(source, first.extent.start.offset), \
+                var.spelling
+    return -1, "", ""
 
 
 def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:

@@ -33,15 +33,16 @@ PREEMPTION_WORKLOADS = ["overflow-4", "preempt-penalty-4"]
 
 def default_workloads(patch_name: str, names: list[str], fallback: list[str]) -> list[str]:
     """The workloads `mutants` runs when none are given: the union, in order, of the ones each
-    selected variant's patch.toml entry names as its killers (`workloads`); `fallback` for a
-    variant that names none (the eviction's catalog: the default suite kills it)."""
+    selected variant's patch.toml entry names as its killers (`workloads`), after `fallback` when
+    a selected variant names none (the eviction's catalog: the default suite kills those)."""
     cat = catalog(patch_name)
     out: list[str] = []
     for n in names:
-        wls = cat.get(n, {}).get("workloads")
-        if not wls:
-            return list(fallback)
-        out += [w for w in wls if w not in out]
+        if not cat.get(n, {}).get("workloads"):
+            out = list(fallback)
+            break
+    for n in names:
+        out += [w for w in cat.get(n, {}).get("workloads", ()) if w not in out]
     return out or list(fallback)
 
 

@@ -164,6 +164,7 @@ ANCHORS = (
     "slot-json",           # a field of a slot's /slots entry, after upstream's is_processing
     "prompt-loop-skip",    # a statement in the prompt loop (batch build), where it skips a slot not processing
     "task-admission",      # a statement before a new task's slot is chosen, where upstream defers a task
+    "prompt-handover",     # the first statement of the decode handler's loop handing a prompt to n_cmpl children
     "metrics-text",        # a statement where /metrics' text is final, at every such place; the part's
                            # METRICS_SINK is that place's sink (`res->data +=`, `prometheus <<`)
 )
@@ -276,6 +277,8 @@ def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
         return facts.helper_at, facts.helper_indent
     if anchor == "server-public":
         return (facts.public_at if facts.public_at >= 0 else facts.helper_at), facts.helper_indent
+    if anchor == "prompt-handover":   # optional: its template renders nothing where the layout has none
+        return max(facts.handover_at, 0), facts.handover_indent
     at, indent, what = {"slot-state-enum": (facts.enum_at, facts.enum_indent, "enum slot_state"),
                         "before-pre-decode": (facts.resume_at, facts.resume_indent,
                                               "a pre_decode() step in update_slots"),

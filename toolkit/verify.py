@@ -296,7 +296,8 @@ SUITE = ["overflow-4", "overflow-8", "overflow-nonstream", "staggered", "victim-
          "victim-decoded", "victim-decoded-middle", "victim-straddled", "cells-not-prompt", "two-overflows", "two-slots", "prompt-victim",
          "prompt-victim-decoded", "prompt-survivor", "prompt-survivor-decoded", "prompt-survivor-full",
          "stateful-4", "swa-overflow-4", "hybrid-overflow-4", "fits", "single-slot", "park-whole-pool",
-         "many-resumes-8", "park-starvation-7", "lora-resume-3", "park-arrivals-3"]
+         "many-resumes-8", "park-starvation-7", "lora-resume-3", "park-arrivals-3", "ncmpl-survivor",
+         "ncmpl-waiting-child"]
 
 
 def resolve_candidate(repo: git.Repo, base: str, *, candidate_ref=None, patch_name=None, patch_file=None,

@@ -61,6 +61,11 @@ LAYOUTS = {
     "C2": {},
     "D": dict(layout="D", batch_model="view", has_tokens_ptr=False),
 }
+# C2 and D hand a parent's prompt to its children in the decode handler (anchors._handover): here,
+# a line of SRC's handler stands for that loop's first statement
+HANDOVER = dict(handover_at=SRC.index(b"        return true;\n"), handover_indent="        ", handover_slot="slot")
+for _k in ("C2", "D"):
+    LAYOUTS[_k] = {**LAYOUTS[_k], **HANDOVER}
 
 
 TODO = ("// TODO: try to terminate only the largest", "//       need to remove the tokens from the current batch too")
@@ -172,3 +177,22 @@ def test_the_metrics_text_is_found_in_each_shape_upstream_has_used():
     assert anchors.metrics_sites(b"res->data = other();\n") == ()
     with pytest.raises(Exception, match="no place where /metrics' text is final"):
         patch.render(SRC, facts(metrics_sites=()), SPEC, stage=1)
+
+
+def test_the_prompt_goes_to_n_cmpl_children_once_its_last_entry_is_decoded():
+    """Upstream's decode handler hands a parent's prompt to its children after every view of the
+    batch; after a full KV cache the batch is decoded in several views, and a hand-over after the
+    first leaves the children without the rest (measured on C2: "Invalid input batch." for every
+    slot). The guard skips the loop's slot until its last prompt entry is decoded; a layout without
+    the loop in its handler renders nothing; handover-early is upstream's order."""
+    f = facts(**LAYOUTS["C2"])
+    out = patch.render(SRC, f, SPEC, stage=1).decode()
+    guard = "        if (slot.i_batch >= off + n_batch) {\n            continue;\n        }\n        return true;"
+    assert guard in out and out.index(guard) > out.index("bool decode(")
+    assert "i_batch >= off + n_batch" not in patch.render(SRC, facts(**LAYOUTS["C"]), SPEC, stage=1).decode()
+    early = patch.render(SRC, f, SPEC, stage=1, variant="handover-early").decode()
+    assert "i_batch >= off + n_batch" not in early and "a batch that did not fit the KV cache" not in early
+    for name in ("park-slot", "recompute-slot", "hybrid-slot", "recompute-prefill-slot"):
+        pf = dataclasses.replace(f, enum_at=0, enum_indent="    ", resume_at=0, resume_indent="    ", slot_json_at=0,
+                                 slot_json_indent="    ", skip_at=0, skip_indent="    ", admit_at=0, admit_indent="    ")
+        assert guard in patch.render(SRC, pf, patch.load_patch(name), stage=1).decode(), name

@@ -126,3 +126,25 @@ def test_an_n_cmpl_family_ends_as_one_request(c2_base, c2_patched, tmp_path):
     assert kinds[first_error] == ("error", launches[0])
     assert ("release", child) in kinds[first_error:]
     assert [k for k in kinds if k[0] == "error"] == [("error", launches[0])], kinds
+
+
+def test_an_n_cmpl_family_goes_on_after_an_eviction_and_its_waiting_child_is_no_victim(c2, c2_base, tmp_path):
+    """The OpenAI API's n = 2 (n_cmpl) at the failure point. A batch that did not fit is decoded in
+    several views, and upstream hands a parent's prompt to its children after every view: after the
+    first, the child lacks the rest of the prompt's cells. The patch hands it over once the parent's
+    last prompt entry is decoded (its `prompt-handover` part). ncmpl-survivor: the plain request is
+    the victim and the family completes; ncmpl-waiting-child: the family is the victim, its waiting
+    child is not. The default suite runs both (test_verify); here upstream's order (the variant
+    handover-early) is killed on each, for its own reason, and park-slot keeps every request."""
+    from .conftest import broken_variant
+
+    k = broken_variant(c2, tmp_path / "survivor", "evict-largest-slot", "handover-early", "ncmpl-survivor")
+    # the family's child decodes from positions its sequence lacks: upstream fails every slot in the batch
+    assert k["survivors-complete"] == "0 survivors got all their tokens", k
+    k = broken_variant(c2, tmp_path / "child", "evict-largest-slot", "handover-early", "ncmpl-waiting-child")
+    # the child, handed a token cache of 1900 and no cell, is "the largest": terminated for nothing
+    assert k["witness-agrees"].startswith("log names victims [1, 2], measured [2]"), k
+    res = verify.verify(git.Repo(c2.path), base_ref="patchkit-baseline", patch_name="park-slot",
+                        workloads=[workload.load("ncmpl-survivor")], out_dir=tmp_path / "park", ui=UI(quiet=True))
+    assert res.ok, failures(res)
+    assert all(o.outcome == "completed" for o in res.results[0].candidate[0].outcomes if o.slot == 2)
