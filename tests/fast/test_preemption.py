@@ -455,6 +455,11 @@ def test_mutants_default_to_the_workloads_each_variant_names_as_its_killers():
     assert {"park-starvation-7", "park-beside-family", "park-whole-pool", "preempt-penalty-4"} <= set(park)
     assert mutate.default_workloads("park-slot", ["parks-unbounded"], ["x"]) == ["park-starvation-7"]
     assert mutate.default_workloads("evict-largest-slot", ["no-remap"], ["suite"]) == ["suite"]
+    # a variant whose killers are outside the suite adds them to it (the eviction's handover-early)
+    assert mutate.default_workloads("evict-largest-slot", ["no-remap", "handover-early"], ["suite"]) == \
+        ["suite", "ncmpl-survivor", "ncmpl-waiting-child"]
+    assert mutate.default_workloads("evict-largest-slot", ["handover-early"], ["suite"]) == \
+        ["ncmpl-survivor", "ncmpl-waiting-child"]
 
 
 def test_a_request_bigger_than_the_pool_is_excused_only_once_it_alone_filled_it():
