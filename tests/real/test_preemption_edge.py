@@ -219,7 +219,10 @@ def test_a_parked_slot_with_a_lora_adapter_is_skipped_by_the_batch_and_recompute
     assert res.ok, failures(res)
     ok, where = reached(res)
     assert ok, where
-    k = broken(tree, tmp_path / "stale", "recompute-slot", "lora-stale", "lora-resume-3")
+    # slot 2 must be posted within the 20 steps before the park; a post later than that (a client
+    # descheduled on a loaded machine: once in a clean-clone CI run) misses the shape, and
+    # streams-exact cannot tell a missed shape: two runs, killed in either
+    k = broken_variant(tree, tmp_path / "stale", "recompute-slot", "lora-stale", "lora-resume-3", attempts=2)
     assert set(k) == {"streams-exact"} and "slot 0: differs from its control at token" in k["streams-exact"], k
     if version == source.DEFAULT_VERSION:   # the same surgery on D; one TU fewer in CI
         k = broken(tree, tmp_path / "batched", "park-slot", "parked-batched", "lora-resume-3")
