@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .overflows import (Offset, Overflow, SlotAt, decoded_first, designed, evicts, first_group_offsets,
-                        offset, overflows, prompt_not_largest, shape, shift_exercised)
+from .overflows import (Offset, Overflow, SlotAt, decoded_first, designed, designed_park, evicts,
+                        first_group_offsets, offset, other_adapters_in_park, overflows, prompt_not_largest, shape,
+                        shift_exercised)
 from .pauses import (PARK_BOUND, Admission, Park, Pause, admissions, parks, parks_in_order, pauses, unfreed_parks,
                      unseen_parks, word)
 from .record import Run
@@ -25,7 +26,7 @@ from .workload import Workload
 
 __all__ = ["Measured", "measure",
            "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts", "first_group_offsets", "offset",
-           "overflows", "prompt_not_largest", "shape", "shift_exercised",
+           "designed_park", "other_adapters_in_park", "overflows", "prompt_not_largest", "shape", "shift_exercised",
            "PARK_BOUND", "Admission", "Park", "Pause", "admissions", "parks", "parks_in_order", "pauses", "unfreed_parks", "unseen_parks", "word",
            "EXCEEDED", "log_truncated", "not_stopped", "sampling_problems", "steps", "trace_problems"]
 
@@ -38,7 +39,8 @@ class Measured:
     policy: str
     overflows: tuple[Overflow, ...]            # every overflow, the policy's victim on its numbers
     evicts: bool                               # fewer requests terminated than were in play
-    designed: tuple[tuple[str, bool, str], ...]  # the first overflow's designed shapes (largest policy)
+    designed: tuple[tuple[str, bool, str], ...]  # the first overflow's designed shapes (largest policy); with no
+                                                 # overflow, a preempting run's (overflows.designed_park)
     shape_miss: str | None                     # why the run lacks the workload's designed shape; None: it has it
     offsets: dict[int, Offset]                 # the first group's step offsets, relative to its first request
     trace_problems: tuple[str, ...]            # the log is not this run's (empty without a log)
@@ -72,7 +74,7 @@ def measure(run: Run, wl: Workload, policy: str = "largest") -> Measured:
     sampled, unjudged = sampling_problems(run) if run.trace else ([], [])
     stopped, release_judged = not_stopped(run)
     return Measured(
-        run, wl, policy, evs, evicts(run, wl), tuple(designed(largest[0], wl)) if largest else (),
+        run, wl, policy, evs, evicts(run, wl), tuple(designed(largest[0], wl) if largest else designed_park(run, wl)),
         shape(run, wl), first_group_offsets(run, wl),
         tuple(trace_problems(run)) if run.trace else (), tuple(sampled), tuple(unjudged),
         tuple(stopped), release_judged, pauses(run), tuple(unfreed_parks(run)), parks_in_order(run),

@@ -135,20 +135,25 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
 
 
 def suite_kills(results, killer: str) -> tuple[list[Kill], str]:
-    """Every failing check of the candidate's verdicts (with where and why), and, when the mutant's
-    own killer skipped in every one of them, its reasons: the shape it judges was never reached, so
-    a mutant nothing failed is not-reached (no evidence either way), not ALIVE."""
-    kills, skipped, n = [], [], 0
+    """Every failing check of the candidate's verdicts (with where and why), and, when no run
+    reached what the mutant's own killer judges (the killer skipped, or the run missed the shape
+    its workload is designed for: compare.SHAPE_CHECKS inconclusive), why: a mutant nothing failed
+    is then not-reached (no evidence either way), not ALIVE."""
+    from .compare import SHAPE_CHECKS
+
+    kills, missed, n = [], [], 0
     for wr in results:
         for v in wr.verdicts:
             if v.side != "candidate":
                 continue
             n += 1
-            kills += [Kill(c.name, f"{wr.workload.name} run {v.run_index + 1}", c.detail, v.run_index + 1)
-                      for c in v.checks if c.status == "fail"]
-            skipped += [f"{killer} skipped on {wr.workload.name} run {v.run_index + 1}: {c.detail}"
-                        for c in v.checks if c.name == killer and c.status == "skip"]
-    return kills, "; ".join(skipped) if n and len(skipped) == n else ""
+            where = f"{wr.workload.name} run {v.run_index + 1}"
+            kills += [Kill(c.name, where, c.detail, v.run_index + 1) for c in v.checks if c.status == "fail"]
+            why = ([f"{killer} skipped on {where}: {c.detail}" for c in v.checks if c.name == killer and c.status == "skip"]
+                   or [f"{c.name} not reached on {where}: {c.detail}" for c in v.checks
+                       if c.name in SHAPE_CHECKS and c.status == "inconclusive"])
+            missed += why[:1]
+    return kills, "; ".join(missed) if n and len(missed) == n else ""
 
 
 def campaign(repo: git.Repo, base: str, names: list[str], workloads: list[Workload], *, repeat: int = 1,

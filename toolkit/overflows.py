@@ -27,10 +27,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from .pauses import parks
+from .pauses import decoded_while_parked, parks
 from .record import Outcome, Run, Sample
 from .serverlog import EXCEEDED, kv_errors, kv_outcome, steps
-from .workload import Workload
+from .workload import PARK_SHAPE, Workload
 
 
 @dataclass(frozen=True)
@@ -494,13 +494,36 @@ def designed(ev: Overflow, wl: Workload) -> list[tuple[str, bool, str]]:
     return out
 
 
+def other_adapters_in_park(run: Run, wl: Workload) -> tuple[bool, str]:
+    """lora-resume-3's designed shape: a request with other LoRA adapters than a parked one decoded
+    between its park and its resume, so the resume follows a batch that set other adapters (a
+    request that arrives after the park waits for the resume instead: the shape missed)."""
+    scale = {r.slot: r.lora or 0.0 for r in wl.requests}
+    runs = decoded_while_parked(run)
+    for p, who in runs:
+        other = [s for s in who if scale.get(s) != scale.get(p.slot)]
+        if other:
+            return True, (f"slot{'s' if len(other) > 1 else ''} {', '.join(map(str, other))} (other adapters) "
+                          f"decoded while slot {p.slot} was parked (from step {p.step})")
+    return False, ("no request with other adapters decoded while one was parked"
+                   + (" (" + "; ".join(f"slot {p.slot} parked at step {p.step}, beside it: {list(who) or 'none'}"
+                                       for p, who in runs) + ")" if runs else ": nothing was parked and resumed"))
+
+
+def designed_park(run: Run, wl: Workload) -> list[tuple[str, bool, str]]:
+    """The shape a preempting run is designed to reach (there is no overflow to read it on)."""
+    return [("designed-shape", *other_adapters_in_park(run, wl))] if wl.expect.shape == PARK_SHAPE and parks(run) else []
+
+
 def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:
     """None when the run has the shape the workload is designed to judge; else why not.
     runner.py re-makes such a start while its budget lasts (every attempt is judged);
     compare.py judges either way. Shapes are designed for the largest policy: under another
     policy only the overflow itself is required."""
     hits = [o for o in run.outcomes if kv_outcome(o)]
-    if policy == "largest" and (wl.expect.shift or wl.expect.shape or wl.expect.pairs):
+    if policy == "largest" and (park := designed_park(run, wl)):
+        return None if park[0][1] else park[0][2]
+    if policy == "largest" and wl.expect.overflow_shape:
         evs = overflows(run, wl)
         if evs and len(evs[0].terminated) == 1:      # a candidate's run (the base errors all)
             bad = [why for _, ok, why in designed(evs[0], wl) if not ok]

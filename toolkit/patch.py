@@ -186,9 +186,10 @@ def render(source: bytes, facts: Facts, spec: PatchSpec, *, stage: int, policy: 
     edit = _variant_edit(env, spec, variant, ctx) if variant else (lambda text: text)
     member = facts.batch_model != "plain"
     edits: list[tuple[int, int, str]] = []  # (start, end, text): [start, end) replaced, an insertion if empty
-    rendered = {template: env.get_template(template).render(**ctx) for template, _ in spec.parts}
-    rendered = edit(rendered)
-    for template, anchor in spec.parts:
+    # a part whose optional anchor the layout lacks is not rendered at all (nothing to insert)
+    parts = [(t, a) for t, a in spec.parts if _present(facts, a)]
+    rendered = edit({template: env.get_template(template).render(**ctx) for template, _ in parts})
+    for template, anchor in parts:
         text = rendered[template]
         if anchor == "decode-handler":
             # the hook takes the place of upstream's TODO, or goes first in the branch
@@ -269,6 +270,15 @@ def _variant_edit(env: jinja2.Environment, spec: PatchSpec, variant: str, ctx: d
     return edit
 
 
+# Anchors a layout may lack without the patch being wrong there: layout C hands a prompt to its
+# n_cmpl children outside the decode handler, so there is no hand-over to guard in it.
+OPTIONAL_ANCHORS = {"prompt-handover": "handover_at"}
+
+
+def _present(facts: Facts, anchor: str) -> bool:
+    return anchor not in OPTIONAL_ANCHORS or getattr(facts, OPTIONAL_ANCHORS[anchor]) >= 0
+
+
 def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
     """(offset, indent) of an insertion point the analysis found by meaning."""
     if anchor == "batch-surgery":
@@ -277,8 +287,8 @@ def _anchor(facts: Facts, anchor: str, spec: PatchSpec) -> tuple[int, str]:
         return facts.helper_at, facts.helper_indent
     if anchor == "server-public":
         return (facts.public_at if facts.public_at >= 0 else facts.helper_at), facts.helper_indent
-    if anchor == "prompt-handover":   # optional: its template renders nothing where the layout has none
-        return max(facts.handover_at, 0), facts.handover_indent
+    if anchor == "prompt-handover":
+        return facts.handover_at, facts.handover_indent
     at, indent, what = {"slot-state-enum": (facts.enum_at, facts.enum_indent, "enum slot_state"),
                         "before-pre-decode": (facts.resume_at, facts.resume_indent,
                                               "a pre_decode() step in update_slots"),

@@ -89,6 +89,20 @@ def pauses(run: Run) -> dict[int, tuple[Pause, ...]]:
     return out
 
 
+def decoded_while_parked(run: Run) -> list[tuple[Pause, tuple[int, ...]]]:
+    """Each resumed pause, with the slots (workload requests) that had a batch entry between its
+    park and its resume: who ran while it was out."""
+    seen, _, _ = _entries(run)
+    out = []
+    for slot, ps in pauses(run).items():
+        for p in ps:
+            back = min((step for step, _, _ in seen[slot] if step > p.step), default=None)
+            if p.resumed and back is not None:
+                out.append((p, tuple(s for s, es in sorted(seen.items())
+                                     if s != slot and any(p.step < step < back for step, _, _ in es))))
+    return out
+
+
 def unseen_parks(run: Run) -> int:
     """Entries taken out undecoded (no sample in their step) and made again at once, with no step
     of another slot between: a park that came back at the next step (a slot finished in the step

@@ -489,11 +489,9 @@ def controls(binary: Path, model: Path, t: Traffic, runs, log_path: Path, *, tim
 
 # ---- the judge
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str          # pass | fail | inconclusive | skip (a promise whose shape was not reached)
-    detail: str
+# a traffic check is the laboratory's Check (pass | fail | inconclusive | skip: a promise whose
+# shape was not reached), so the laboratory's checks join a traffic run's as they are
+Check = compare_mod.Check
 
 
 @dataclass(frozen=True)
@@ -610,8 +608,7 @@ def judge(t: Traffic, r: TrafficRun, ctl: dict[str, str], promise: str = "one-vi
                             f"{list(r.overflows)} requests" + (f": {len(many)} ended more than one" if many else
                                                                (", one each" if r.overflows else ""))))
     if promise == "preemption" and parked_first:
-        c = compare_mod.parked_first_of(r.admissions)   # the laboratory's check, on this run's admissions
-        checks.append(Check(c.name, c.status, c.detail))
+        checks.append(compare_mod.parked_first_of(r.admissions))   # the laboratory's check, on this run's admissions
     if t.oversize or t.hangup:
         checks.append(_rude(t, r))
     hungry = starved(r) if promise == "one-victim" else ()

@@ -116,12 +116,24 @@ class Expect:
     #              nothing may move, entries below off above all
     #   "prompt-not-largest": the slot holding the most cells is not the one with the longest prompt
     #   "straddled": the victim's entry undecoded, one survivor's before it decoded, one's not (0 < off)
+    #   "other-adapters-in-park": (a preempting run) a request with other LoRA adapters than a parked
+    #              one decoded between its park and its resume
     shape: str = ""
     # the pairs of the failure point (overflows.PAIRS) the workload is designed to reach, for the
     # largest policy: measured on every judged run like a shape (a start that missed them is made
     # again), and the suite's pairs are judged because each is some workload's by design
     pairs: tuple[str, ...] = ()
     victims: int = 1                # overflows by design (each with one victim): the sizing's arithmetic
+
+    @property
+    def overflow_shape(self) -> bool:
+        """A shape of the failure point is designed (read on the overflow under the largest policy);
+        a park's shape is read on the pauses instead."""
+        return bool(self.shift or self.shape not in ("", PARK_SHAPE) or self.pairs)
+
+
+# the one shape read on a preempting run's pauses (overflows.other_adapters_in_park)
+PARK_SHAPE = "other-adapters-in-park"
 
 
 @dataclass(frozen=True)

@@ -594,3 +594,32 @@ def test_the_admission_anchor_is_found_by_meaning_where_upstream_defers():
             "                        break;\n                    }\n"
     assert found(choose + defer) == (choose.rstrip("\n"), "                    ")
     assert found(choose)[0] == -1          # no defer beside it: not where upstream holds a task back
+
+
+def test_lora_resume_3s_shape_is_a_request_with_other_adapters_decoded_inside_a_park():
+    """lora-resume-3's designed shape, read on the pauses: a request with other LoRA adapters than
+    the parked one decoded between its park and its resume. Missed (only same-adapter slots ran in
+    the park): inconclusive, a start to make again, and a mutant nothing failed is not-reached."""
+    wl = workload.load("lora-resume-3")
+    other = dataclasses.replace(wl, requests=tuple(dataclasses.replace(q, lora=0.0) if q.slot == 1 else q
+                                                   for q in wl.requests))
+    r = run()   # slot 0 parked in step 3, back in step 6; slot 1 decodes in between
+    held, why = measure.other_adapters_in_park(r, wl)    # slots 0 and 1 share the adapter in lora-resume-3
+    assert not held and why.endswith("(slot 0 parked at step 3, beside it: [1])"), why
+    assert measure.shape(r, wl) == why and measure.shape(r, other) is None
+    assert measure.other_adapters_in_park(r, other) == (True, "slot 1 (other adapters) decoded while slot 0 was "
+                                                              "parked (from step 3)")
+    judged = {w.name if w is wl else "other": {c.name: c for c in compare.preemption(measure.measure(r, w), run(park_at=99))}
+              for w in (wl, other)}
+    assert judged["lora-resume-3"]["designed-shape"].status == "inconclusive"
+    assert judged["other"]["designed-shape"].status == "pass"
+    assert "designed-shape" not in checks(r)      # overflow-4 designs no park shape
+    # the mutant campaign: nothing failed and every run missed the shape: not-reached, not ALIVE
+    from types import SimpleNamespace as NS
+
+    from toolkit.mutate import suite_kills
+    res = [NS(workload=wl, verdicts=[compare.Verdict(wl.name, "candidate", 0, tuple(judged["lora-resume-3"].values()))])]
+    kills, why = suite_kills(res, "streams-exact")
+    assert kills == [] and why.startswith("designed-shape not reached on lora-resume-3 run 1: no request"), why
+    res[0].verdicts.append(compare.Verdict(wl.name, "candidate", 1, tuple(judged["other"].values())))
+    assert suite_kills(res, "streams-exact") == ([], "")      # reached once: ALIVE if nothing failed
