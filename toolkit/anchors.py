@@ -70,6 +70,8 @@ class Facts:
     handover_at: int = -1     # line start of the first statement of the decode handler's loop that hands a
     handover_indent: str = "" # parent's prompt to its n_cmpl children (`copy_state_to`); -1: not in the handler
     handover_slot: str = ""   # that loop's slot variable
+    handover_view: str = ""   # the view's size where the handler restores n_batch before that loop (B:
+                              # `n_tokens`); "": n_batch is the view's size there (C, C2, D)
 
     def __post_init__(self):  # read back from the facts cache's JSON, the sites are lists
         object.__setattr__(self, "metrics_sites", tuple(tuple(s) for s in self.metrics_sites))
@@ -287,26 +289,41 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
                  decode_yield, *_handover(source, owner, methods, method.spelling))
 
 
-def _handover(source: bytes, owner: str, methods, handler: str) -> tuple[int, str, str]:
-    """Where the decode handler (C2, D: decode(), called once per batch view) hands a parent's prompt
-    to its n_cmpl children: the range-for over the slots whose body calls `copy_state_to`. It runs
-    after every view, so a batch decoded in several views (a retry after a full KV cache) hands the
-    prompt over before its last entries are decoded. (first statement's line start, its indent, the
-    loop's slot variable); (-1, "", ""): not in the handler (layouts A, B, C)."""
+def _handover(source: bytes, owner: str, methods, handler: str) -> tuple[int, str, str, str]:
+    """Where the decode handler (B: update_slots(), C to D: decode(), once per batch view) hands a
+    parent's prompt to its n_cmpl children: the range-for over the slots whose body calls
+    `copy_state_to`. It runs after every view, so a batch decoded in several views (a retry after a
+    full KV cache) hands the prompt over before its last entries are decoded. (first statement's line
+    start, its indent, the loop's slot variable, the view's size if n_batch is not it there);
+    (-1, "", "", ""): not in the handler (layout A).
+
+    The view's size: on C to D the handler is called with the view's n_batch and the view ends at
+    off + n_batch (or at the batch's end, past every index). On B the handler's own loop restores
+    n_batch to the full size on success, BEFORE the hand-over loop, so there the view ends at
+    off + the variable the view was cut with (`const int32_t n_tokens = std::min(n_batch, ...)`)."""
     from clang.cindex import CursorKind as K
+
+    def inside(a, b) -> bool:
+        return b.extent.start.offset <= a.extent.start.offset and a.extent.end.offset <= b.extent.end.offset
 
     for m in (m for o, m in methods if o == owner and m.spelling == handler):
         for c in _walk(m):
             if c.kind != K.CXX_FOR_RANGE_STMT or "copy_state_to" not in _tokens(c):
                 continue
+            # the view's size: declared in the innermost loop around this one, before it
+            loop = max((x for x in _walk(m) if x.kind in (K.FOR_STMT, K.WHILE_STMT) and inside(c, x)),
+                       key=lambda x: x.extent.start.offset, default=None)
+            view = next((x.spelling for x in _walk(loop) if x.kind == K.VAR_DECL
+                         and x.extent.end.offset < c.extent.start.offset
+                         and re.search(r"=(std::)?min\(n_batch,", _tokens(x))), "") if loop is not None else ""
             var = next((k for k in c.get_children() if k.kind == K.VAR_DECL), None)
             body = next((k for k in c.get_children() if k.kind == K.COMPOUND_STMT), None)
             first = next(iter(body.get_children()), None) if body is not None else None
             if var is None or first is None:
                 continue
             return _line_start(source, first.extent.start.offset), _indent_at(source, first.extent.start.offset), \
-                var.spelling
-    return -1, "", ""
+                var.spelling, view
+    return -1, "", "", ""
 
 
 def _preemption_anchors(tu, source: bytes, owner: str, methods) -> tuple[int, str, int, str]:

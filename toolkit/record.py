@@ -180,7 +180,8 @@ _SLOT = r"id +(\d+) \| task (-?\d+) \| "
 TRACE_RES = (
     ("step", re.compile(r"update_slots: posting NEXT_RESPONSE")),
     ("entry", re.compile(_SLOT + r"slot decode token, id=(-?\d+), n_ctx = \d+, n_tokens = (\d+)")),
-    ("token", re.compile(_SLOT + r"n_gen = (\d+), n_remaining = -?\d+, next token: +(-?\d+) ")),
+    # "n_gen" from C2 on; "n_decoded" on A to C (the same count: tokens sampled so far)
+    ("token", re.compile(_SLOT + r"(?:n_gen|n_decoded) = (\d+), n_remaining = -?\d+, next token: +(-?\d+) ")),
     ("retry", re.compile(r"retrying with smaller batch size, (?:off|i) = (\d+), n_batch = (\d+)")),
     ("batch", re.compile(r"failed to find a memory slot for batch of size (\d+)")),
     ("error", re.compile(r"send_error: task id = (-?\d+), error: (.*)$")),
@@ -202,7 +203,7 @@ TRACE_RES = (
 
 
 # a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
-_TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "retrying", "memory slot", "send_error",
+_TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "n_decoded = ", "retrying", "memory slot", "send_error",
                 "stop processing", "processing task", "start_loop: processing", "state_read_meta",
                 "cleaning up before exit", "new task, id")
 

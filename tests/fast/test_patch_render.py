@@ -61,11 +61,13 @@ LAYOUTS = {
     "C2": {},
     "D": dict(layout="D", batch_model="view", has_tokens_ptr=False),
 }
-# C2 and D hand a parent's prompt to its children in the decode handler (anchors._handover): here,
-# a line of SRC's handler stands for that loop's first statement
+# B to D hand a parent's prompt to its children in the decode handler (anchors._handover): here,
+# a line of SRC's handler stands for that loop's first statement. B's handler restores n_batch
+# before that loop: its view's size is the variable the view was cut with.
 HANDOVER = dict(handover_at=SRC.index(b"        return true;\n"), handover_indent="        ", handover_slot="slot")
-for _k in ("C2", "D"):
+for _k in ("B", "C", "C2", "D"):
     LAYOUTS[_k] = {**LAYOUTS[_k], **HANDOVER}
+LAYOUTS["B"]["handover_view"] = "n_tokens"
 
 
 TODO = ("// TODO: try to terminate only the largest", "//       need to remove the tokens from the current batch too")
@@ -183,13 +185,19 @@ def test_the_prompt_goes_to_n_cmpl_children_once_its_last_entry_is_decoded():
     """Upstream's decode handler hands a parent's prompt to its children after every view of the
     batch; after a full KV cache the batch is decoded in several views, and a hand-over after the
     first leaves the children without the rest (measured on C2: "Invalid input batch." for every
-    slot). The guard skips the loop's slot until its last prompt entry is decoded; a layout without
-    the loop in its handler renders nothing; handover-early is upstream's order."""
+    slot). The guard skips the loop's slot until its last prompt entry is decoded (B: by the view's own
+    size, n_batch being restored there); a layout without the loop in its handler (A) renders nothing;
+    handover-early is upstream's order."""
     f = facts(**LAYOUTS["C2"])
     out = patch.render(SRC, f, SPEC, stage=1).decode()
     guard = "        if (slot.i_batch >= off + n_batch) {\n            continue;\n        }\n        return true;"
     assert guard in out and out.index(guard) > out.index("bool decode(")
-    assert "i_batch >= off + n_batch" not in patch.render(SRC, facts(**LAYOUTS["C"]), SPEC, stage=1).decode()
+    assert guard in patch.render(SRC, facts(**LAYOUTS["C"]), SPEC, stage=1).decode()
+    # B: n_batch is the full size again there (restored on success): the view ends at i + n_tokens
+    b = patch.render(SRC, facts(**LAYOUTS["B"]), SPEC, stage=1).decode()
+    assert "        if (slot.i_batch >= i + n_tokens) {\n            continue;\n        }\n" in b
+    assert "i_batch >= i + n_batch" not in b
+    assert "i_batch >=" not in patch.render(SRC, facts(**LAYOUTS["A"]), SPEC, stage=1).decode()
     early = patch.render(SRC, f, SPEC, stage=1, variant="handover-early").decode()
     assert "i_batch >= off + n_batch" not in early and "a batch that did not fit the KV cache" not in early
     for name in ("park-slot", "recompute-slot", "hybrid-slot", "recompute-prefill-slot"):

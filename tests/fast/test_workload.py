@@ -106,6 +106,15 @@ def test_a_request_sent_after_anothers_tokens_is_not_in_the_first_group():
     assert [(t.kind, t.task) for t in trace] == [("post", 7), ("launch", 7)]
 
 
+def test_a_sampled_token_is_read_in_every_layouts_words():
+    """C2 and D log a sample as "n_gen = N", A to C as "n_decoded = N" (the same count): read as
+    "n_gen" only, a layout B server's log had no samples, and every log check failed on the base as
+    much as on the candidate ("2 tokens decoded for 0 sampled"; measured on 0.3.28)."""
+    line = "slot process_toke: id  0 | task 5 | {} = 3, n_remaining = 1797, next token:    17 '/'\n"
+    new, old = (record.trace_from_log(line.format(w)) for w in ("n_gen", "n_decoded"))
+    assert new == old and [(t.kind, t.slot, t.task, t.value, t.token) for t in new] == [("token", 0, 5, 3, 17)]
+
+
 def test_shift_workloads_are_marked():
     assert workload.load("victim-first").expect.shift and workload.load("victim-middle").expect.shift
     assert not workload.load("overflow-4").expect.shift

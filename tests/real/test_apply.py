@@ -34,6 +34,11 @@ def test_layout_matrix(trees, tmp_path, version):
     assert repo.git.status("--porcelain") == ""
     text = (tmp_path / "repo" / res.file).read_text()
     assert patch.state(text, patch.load_patch()) == "applied"
+    # the n_cmpl hand-over's guard (B to D), by the view's own size: B's handler restores n_batch
+    # to the full size before that loop, so there it is the size the view was cut with
+    view = {"A": None, "B": "i + n_tokens"}.get(LAYOUTS[version], "off + n_batch")
+    assert ("a batch that did not fit the KV cache is decoded in several views" in text) == (view is not None)
+    assert view is None or f"if (slot.i_batch >= {view}) {{\n" in text
 
     again = apply.apply(repo, opts=opts(tmp_path))
     assert again.status == "already-applied" and repo.head.commit.hexsha == res.head_commit
