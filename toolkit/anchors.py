@@ -72,6 +72,9 @@ class Facts:
     handover_slot: str = ""   # that loop's slot variable
     handover_view: str = ""   # the view's size where the handler restores n_batch before that loop (B:
                               # `n_tokens`); "": n_batch is the view's size there (C, C2, D)
+    batched_per_view: bool = False  # the handler, run once per view of the batch, reads batch.slot_batched
+                                    # (C: decode() sets the batch's LoRA adapters and embeddings mode from
+                                    # that slot on every view; C2, D: once per batch, before the views)
 
     def __post_init__(self):  # read back from the facts cache's JSON, the sites are lists
         object.__setattr__(self, "metrics_sites", tuple(tuple(s) for s in self.metrics_sites))
@@ -286,7 +289,8 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
                  metrics_sites(source), public_at, slot_json.end() if slot_json else -1,
                  slot_json[1].decode() if slot_json else "", skip_at, skip_indent, admit_at, admit_indent,
-                 decode_yield, *_handover(source, owner, methods, method.spelling))
+                 decode_yield, *_handover(source, owner, methods, method.spelling),
+                 bool(batch_struct and "slot_batched" in batch_struct) and "slot_batched" in _tokens(method))
 
 
 def _handover(source: bytes, owner: str, methods, handler: str) -> tuple[int, str, str, str]:

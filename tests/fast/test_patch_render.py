@@ -68,6 +68,7 @@ HANDOVER = dict(handover_at=SRC.index(b"        return true;\n"), handover_inden
 for _k in ("B", "C", "C2", "D"):
     LAYOUTS[_k] = {**LAYOUTS[_k], **HANDOVER}
 LAYOUTS["B"]["handover_view"] = "n_tokens"
+LAYOUTS["C"]["batched_per_view"] = True   # C's decode() reads batch.slot_batched on every view
 
 
 TODO = ("// TODO: try to terminate only the largest", "//       need to remove the tokens from the current batch too")
@@ -204,3 +205,19 @@ def test_the_prompt_goes_to_n_cmpl_children_once_its_last_entry_is_decoded():
         pf = dataclasses.replace(f, enum_at=0, enum_indent="    ", resume_at=0, resume_indent="    ", slot_json_at=0,
                                  slot_json_indent="    ", skip_at=0, skip_indent="    ", admit_at=0, admit_indent="    ")
         assert guard in patch.render(SRC, pf, patch.load_patch(name), stage=1).decode(), name
+
+
+def test_a_victim_that_led_the_batch_hands_its_role_on_where_every_view_reads_it():
+    """C's decode() sets the batch's LoRA adapters and embeddings mode from batch.slot_batched on
+    every view of the batch; the victim, released, has no task (measured on a 0.3.32 build: the
+    retry after the eviction aborted in GGML_ASSERT(task), 16 of the suite's workloads). Where the
+    handler reads it (C) the role goes to a slot with an entry left; C2 and D set it once per batch,
+    before the views, and render nothing."""
+    hand_on = "        if (batch.slot_batched == victim) {\n            batch.slot_batched = nullptr;\n"
+    for layout in LAYOUTS:
+        out = patch.render(SRC, facts(**LAYOUTS[layout]), SPEC, stage=1).decode()
+        assert (hand_on in out) == (layout == "C"), layout
+    out = patch.render(SRC, facts(**LAYOUTS["C"]), SPEC, stage=1).decode()
+    # after the surgery: the slots left in the batch are the survivors'
+    assert out.index(hand_on) > out.index(f"batch.{patch.SURGERY}(victim->id, off, indices);")
+    assert "s != victim && s->id == t.id_slot" in out

@@ -14,9 +14,10 @@ LAYOUTS = {"0.3.16": "A", "0.3.28": "B", "0.3.32": "C", "0.3.35": "C2", "0.3.36"
 TIMES: dict[str, tuple[float, float]] = {}
 
 
-def opts(tmp_path):
-    # a throwaway workspace per test repo; ccache still shares compiled objects
-    return build.Options(workdir=tmp_path / "ws")
+# the tree's shared workspace (keyed by its history, issue 37): configured once, not per test (a
+# private one cost each test a checkout and a CMake configure); a private workspace (`--build-dir`)
+# is exercised by test_faults and test_foundation, and below by the facts' cache
+OPTS = build.Options()
 
 
 @pytest.mark.parametrize("version", list(LAYOUTS))
@@ -25,7 +26,7 @@ def test_layout_matrix(trees, tmp_path, version):
     repo = clone(tree, tmp_path / "repo")
     main_sha = repo.head.commit.hexsha
     t = time.monotonic()
-    res = apply.apply(repo, opts=opts(tmp_path))
+    res = apply.apply(repo, opts=OPTS)
     t_apply = time.monotonic() - t
     assert res.status == "applied" and res.layout == LAYOUTS[version]
     assert repo.active_branch.name == "patchkit/evict-largest-slot"
@@ -39,12 +40,14 @@ def test_layout_matrix(trees, tmp_path, version):
     view = {"A": None, "B": "i + n_tokens"}.get(LAYOUTS[version], "off + n_batch")
     assert ("a batch that did not fit the KV cache is decoded in several views" in text) == (view is not None)
     assert view is None or f"if (slot.i_batch >= {view}) {{\n" in text
+    # a victim that led the batch hands that role on where decode() reads it per view (C)
+    assert ("if (batch.slot_batched == victim) {" in text) == (LAYOUTS[version] == "C")
 
-    again = apply.apply(repo, opts=opts(tmp_path))
+    again = apply.apply(repo, opts=OPTS)
     assert again.status == "already-applied" and repo.head.commit.hexsha == res.head_commit
 
     t = time.monotonic()
-    ck = check.check(repo, opts=opts(tmp_path))
+    ck = check.check(repo, opts=OPTS)
     TIMES[version] = (t_apply, time.monotonic() - t)
     assert not ck.errors, ck.errors
     assert not ck.new_warnings, ck.new_warnings
@@ -90,7 +93,7 @@ def test_unknown_layout_names_the_missing_anchor(c2, tmp_path):
     repo.git.commit("-qam", "a fork that reworked the handler")
     before = snapshot(repo)
     with pytest.raises(LayoutError) as e:
-        apply.apply(repo, opts=opts(tmp_path))
+        apply.apply(repo, opts=OPTS)
     assert "`n_batch == 1 && ret == 1` branch" in str(e.value)
     assert snapshot(repo) == before
 
@@ -98,7 +101,7 @@ def test_unknown_layout_names_the_missing_anchor(c2, tmp_path):
 def test_layout_facts_are_parsed_once_per_tree(c2, tmp_path, monkeypatch):
     repo = clone(c2, tmp_path / "repo")
     spec = patch.load_patch()
-    first = apply.analyze(repo, c2.commit, spec, opts(tmp_path))  # parses (or an earlier test did)
+    first = apply.analyze(repo, c2.commit, spec, OPTS)  # parses (or an earlier test did)
 
     def no_parse(cmd):
         raise AssertionError("parsed again")
@@ -111,13 +114,13 @@ def test_layout_facts_are_parsed_once_per_tree(c2, tmp_path, monkeypatch):
     h.write_text(h.read_text() + "\n// a fork's edit\n")
     repo.git.commit("-qam", "header edit")
     with pytest.raises(AssertionError, match="parsed again"):
-        apply.analyze(repo, repo.head.commit.hexsha, spec, opts(tmp_path))
+        apply.analyze(repo, repo.head.commit.hexsha, spec, OPTS)
 
 
 def test_check_flag_writes_nothing(c2, tmp_path):
     repo = clone(c2, tmp_path / "repo")
     before = snapshot(repo)
-    res = apply.apply(repo, check=True, opts=opts(tmp_path))
+    res = apply.apply(repo, check=True, opts=OPTS)
     assert res.status == "checked" and res.diff.startswith("--- a/tools/server/server-context.cpp")
     assert f"+    bool {patch.HELPER}(int32_t off) {{" in res.diff
     assert snapshot(repo) == before
@@ -126,17 +129,17 @@ def test_check_flag_writes_nothing(c2, tmp_path):
 @pytest.mark.parametrize("policy", ["smallest", "newest"])
 def test_other_policies_render_and_compile(c2, tmp_path, policy):
     repo = clone(c2, tmp_path / "repo")
-    res = apply.apply(repo, policy=policy, opts=opts(tmp_path))
+    res = apply.apply(repo, policy=policy, opts=OPTS)
     assert res.branch == f"patchkit/evict-largest-slot-{policy}"
-    ck = check.check(repo, opts=opts(tmp_path))
+    ck = check.check(repo, opts=OPTS)
     assert ck.ok, (ck.errors, ck.new_warnings, ck.static)
 
 
 def test_static_check_catches_the_broken_variant(c2, tmp_path):
     """`check` must be able to fail: the no-remap variant is flagged."""
     repo = clone(c2, tmp_path / "repo")
-    sha, _ = apply.candidate_commit(repo, c2.commit, variant="no-remap", opts=opts(tmp_path))
-    ck = check.check(repo, sha, opts=opts(tmp_path))
+    sha, _ = apply.candidate_commit(repo, c2.commit, variant="no-remap", opts=OPTS)
+    ck = check.check(repo, sha, opts=OPTS)
     assert not ck.errors
     failed = {c.name for c in ck.static if c.status == "fail"}
     assert "indices-remapped" in failed and not ck.ok
@@ -148,7 +151,7 @@ def test_a_warning_in_the_patch_is_named_by_a_compile_and_by_its_cached_replay(c
     A private ccache directory: the shared one's counters move with every other build on the machine."""
     monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))     # build._env keeps a CCACHE_DIR it is given
     repo = clone(c2, tmp_path / "repo")
-    apply.apply(repo, opts=opts(tmp_path))
+    apply.apply(repo, opts=OPTS)
     f = tmp_path / "repo" / "tools/server/server-context.cpp"
     text = f.read_text()
     anchor = "std::vector<server_slot *> in_play;\n"
@@ -162,7 +165,7 @@ def test_a_warning_in_the_patch_is_named_by_a_compile_and_by_its_cached_replay(c
         return sum(int(v) for k, v in (line.split("\t") for line in out.splitlines()) if k.endswith("_cache_hit"))
 
     for run, expected_hits in (("compiled", 0), ("replayed", 1)):
-        ck = check.check(repo, opts=opts(tmp_path))
+        ck = check.check(repo, opts=OPTS)
         assert not ck.errors, (run, ck.errors)
         assert any("patchkit_unused_probe" in w and "unused" in w for w in ck.new_warnings), (run, ck.new_warnings)
         assert hits() == expected_hits, f"{run}: {hits()} ccache hits, expected {expected_hits}"
