@@ -48,6 +48,8 @@ def _poll_slots(srv: Server, t0: float, stop: threading.Event, into: list[Sample
     while not stop.is_set():
         try:
             data = srv.get("/slots").json()
+            if not isinstance(data, list):  # an error object: a server without /slots (A, unless --slots)
+                raise ValueError(data)
             t = time.monotonic() - t0
             for s in data:
                 nxt = s.get("next_token") or {}

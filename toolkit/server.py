@@ -7,9 +7,11 @@ including errors and Ctrl-C.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -19,6 +21,43 @@ from . import proc
 from .errors import ServerError
 
 BIND_FAILED = ("couldn't bind", "Address already in use", "failed to bind")
+
+
+@lru_cache(maxsize=32)
+def _help(binary: str, stamp: tuple[int, int]) -> str:
+    r = proc.run([binary, "--help"], check=False, timeout=60)
+    return r.out + r.err
+
+
+def adapt_args(binary: Path, args: Sequence[str]) -> list[str]:
+    """The workload's flags in the words of an older llama-server that lacks some (layout A, 0.3.16,
+    from its own --help): there `-fa` takes no value (off is its default), and there is no
+    `--cache-ram` (no host prompt cache to disable) and no `-no-kvu` (one pool per sequence is its
+    default). Each is dropped only where its absence means the setting asked for; anything else
+    passes as it is, and the server names what it refuses. /slots, off by default there, is asked for."""
+    st = Path(binary).stat()
+    return translate(args, _help(str(binary), (st.st_mtime_ns, st.st_size)))
+
+
+def translate(args: Sequence[str], text: str) -> list[str]:
+    """adapt_args on a server's --help text."""
+    fa_valued = re.search(r"--flash-attn\s+\[?\S*(on|off)", text) is not None
+    out, i = [], 0
+    while i < len(args):
+        a, v = args[i], args[i + 1] if i + 1 < len(args) else None
+        if a == "-fa" and not fa_valued and v in ("on", "off", "auto"):
+            out += ["-fa"] if v == "on" else []
+            i += 2
+        elif a == "--cache-ram" and "--cache-ram" not in text:
+            i += 2
+        elif a == "-no-kvu" and "-no-kvu" not in text:
+            i += 1
+        else:
+            out.append(a)
+            i += 1
+    if re.search(r"--slots\s+enable slots monitoring endpoint \(default: disabled\)", text):
+        out.append("--slots")   # the poller's /slots (on by default from B on)
+    return out
 
 
 def free_port() -> int:
@@ -72,7 +111,7 @@ class Server:
         for attempt in range(attempts):
             port = self.port or free_port()
             argv = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(port),
-                    *self.args]
+                    *adapt_args(self.binary, self.args)]
             with open(self.log_path, "a") as fh:
                 fh.write(f"\n# patchkit: start attempt {attempt + 1}\n")
             # sanitizer builds: report memory errors, not the upstream's leaks at exit; keep running

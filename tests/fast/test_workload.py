@@ -134,3 +134,32 @@ def test_pool_is_what_the_server_built():
     assert record.pool_cells(plain, 278) == 512      # llama.cpp pads -c 278
     assert record.pool_cells(iswa, 1024) == 1024     # the full-attention cache, not the window's
     assert record.pool_cells("", 278) == 512         # no log: the same padding rule
+
+
+# two llama-server --help excerpts, verbatim: layout A (llama-cpp-python 0.3.16) and C2 (0.3.35)
+HELP_A = """-fa,   --flash-attn                     enable Flash Attention (default: disabled)
+--kv-unified, -kvu                      use single unified KV buffer for the KV cache of all sequences
+--slots                                 enable slots monitoring endpoint (default: disabled)
+"""
+HELP_C2 = """-fa,   --flash-attn [on|off|auto]       set Flash Attention use ('on', 'off', or 'auto', default: 'auto')
+-cram, --cache-ram N                    set the maximum cache size in MiB (default: 8192, -1 - no limit, 0 -
+-kvu,  --kv-unified, -no-kvu, --no-kv-unified
+--slots, --no-slots                     expose slots monitoring endpoint (default: enabled)
+"""
+
+
+def test_a_workloads_flags_in_an_older_servers_words():
+    """Layout A's server refused `-fa off` ("invalid argument: off"): its -fa takes no value and off is
+    its default; it has no --cache-ram and no -no-kvu (their settings are its defaults) and /slots is
+    off unless asked. A newer server gets the flags as they are."""
+    from toolkit.server import translate
+
+    flags = workload.load("overflow-4").server.argv()
+    assert translate(flags, HELP_C2) == flags
+    assert flags[flags.index("-fa") + 1] == "off" and "--cache-ram" in flags
+    old = translate(flags, HELP_A)
+    assert "-fa" not in old and "--cache-ram" not in old and old[-1] == "--slots"
+    assert old[:-1] == [a for i, a in enumerate(flags) if a not in ("-fa", "off", "--cache-ram")
+                        and flags[i - 1] not in ("--cache-ram",)]
+    assert translate(["-fa", "on", "-no-kvu"], HELP_A) == ["-fa", "--slots"]
+    assert translate(["-fa", "on", "-no-kvu"], HELP_C2) == ["-fa", "on", "-no-kvu"]
