@@ -27,10 +27,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from .pauses import decoded_while_parked, parks
+from .pauses import decoded_while_parked, parks, pauses
 from .record import Outcome, Run, Sample
 from .serverlog import EXCEEDED, kv_errors, kv_outcome, steps
-from .workload import PARK_SHAPE, Workload
+from .workload import PARK_SHAPE, PAST_HEADROOM, RESUME_HEADROOM, Workload
 
 
 @dataclass(frozen=True)
@@ -510,9 +510,29 @@ def other_adapters_in_park(run: Run, wl: Workload) -> tuple[bool, str]:
                                        for p, who in runs) + ")" if runs else ": nothing was parked and resumed"))
 
 
+def parked_past_headroom(run: Run, wl: Workload) -> tuple[bool, str]:
+    """park-whole-pool's designed shape: a slot parked holding more than the pool less a resume's
+    headroom, so it can come back only alone. Missed when the small request started generating
+    first and the pool ran out while the large one was still in its prompt: the small one is parked,
+    holding a few cells, and any resume rule brings it back."""
+    edge = run.pool - RESUME_HEADROOM
+    ps = [p for v in pauses(run).values() for p in v]
+    past = [p for p in ps if p.cells_before > edge]
+    if past:
+        return True, f"slot {past[0].slot} parked holding {past[0].cells_before} cells (> {edge}: the pool less a resume's headroom)"
+    return False, ("no slot parked holding more than the pool less a resume's headroom "
+                   f"({edge}): " + ("; ".join(f"slot {p.slot} parked holding {p.cells_before}" for p in ps) or "no pause"))
+
+
 def designed_park(run: Run, wl: Workload) -> list[tuple[str, bool, str]]:
     """The shape a preempting run is designed to reach (there is no overflow to read it on)."""
-    return [("designed-shape", *other_adapters_in_park(run, wl))] if wl.expect.shape == PARK_SHAPE and parks(run) else []
+    if not parks(run):
+        return []
+    if wl.expect.shape == PARK_SHAPE:
+        return [("designed-shape", *other_adapters_in_park(run, wl))]
+    if wl.expect.shape == PAST_HEADROOM:
+        return [("designed-shape", *parked_past_headroom(run, wl))]
+    return []
 
 
 def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:

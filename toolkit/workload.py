@@ -118,6 +118,8 @@ class Expect:
     #   "straddled": the victim's entry undecoded, one survivor's before it decoded, one's not (0 < off)
     #   "other-adapters-in-park": (a preempting run) a request with other LoRA adapters than a parked
     #              one decoded between its park and its resume
+    #   "parked-past-headroom": (a preempting run) a slot parked holding more than the pool less a
+    #              resume's headroom (RESUME_HEADROOM): it can come back only alone
     shape: str = ""
     # the pairs of the failure point (overflows.PAIRS) the workload is designed to reach, for the
     # largest policy: measured on every judged run like a shape (a start that missed them is made
@@ -129,11 +131,16 @@ class Expect:
     def overflow_shape(self) -> bool:
         """A shape of the failure point is designed (read on the overflow under the largest policy);
         a park's shape is read on the pauses instead."""
-        return bool(self.shift or self.shape not in ("", PARK_SHAPE) or self.pairs)
+        return bool(self.shift or self.shape not in ("",) + PARK_SHAPES or self.pairs)
 
 
-# the one shape read on a preempting run's pauses (overflows.other_adapters_in_park)
+# the shapes read on a preempting run's pauses (overflows.designed_park)
 PARK_SHAPE = "other-adapters-in-park"
+PAST_HEADROOM = "parked-past-headroom"
+PARK_SHAPES = (PARK_SHAPE, PAST_HEADROOM)
+# the cells a resume leaves free per running slot (park-slot's [params] headroom): a slot parked
+# holding more than the pool less this can come back only alone
+RESUME_HEADROOM = 16
 
 
 @dataclass(frozen=True)

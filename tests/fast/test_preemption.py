@@ -623,3 +623,26 @@ def test_lora_resume_3s_shape_is_a_request_with_other_adapters_decoded_inside_a_
     assert kills == [] and why.startswith("designed-shape not reached on lora-resume-3 run 1: no request"), why
     res[0].verdicts.append(compare.Verdict(wl.name, "candidate", 1, tuple(judged["other"].values())))
     assert suite_kills(res, "streams-exact") == ([], "")      # reached once: ALIVE if nothing failed
+
+
+def test_park_whole_pools_shape_is_a_slot_parked_past_a_resumes_headroom():
+    """park-whole-pool's designed shape: a slot parked holding more than the pool less a resume's
+    headroom (it comes back only alone, which headroom-when-alone never allows). Measured in a
+    clean-clone CI run beside another worker: that mutant came out ALIVE once, every request
+    completed, when the small request was the one parked. Missed: inconclusive, a start to make
+    again, and a mutant nothing failed is not-reached."""
+    wl = workload.load("park-whole-pool")
+    assert all(patch.load_patch(n).params["headroom"] == workload.RESUME_HEADROOM for n in ("park-slot", "hybrid-slot", "recompute-slot", "recompute-prefill-slot"))
+    r = run()                                          # slot 0 parked holding 13 cells
+    held, why = measure.parked_past_headroom(r, wl)
+    assert not held and why == ("no slot parked holding more than the pool less a resume's headroom (48): "
+                                "slot 0 parked holding 13"), why
+    assert measure.shape(r, wl) == why
+    tight = dataclasses.replace(r, pool=28)            # 13 > 28 - 16
+    assert measure.parked_past_headroom(tight, wl)[0] and measure.shape(tight, wl) is None
+    judged = {c.name: c for c in compare.preemption(measure.measure(r, wl), run(park_at=99))}
+    assert judged["designed-shape"].status == "inconclusive"
+    assert {c.name: c for c in compare.preemption(measure.measure(tight, wl), run(park_at=99))}[
+        "designed-shape"].status == "pass"
+    # no park at all (an eviction's run): no park shape to read
+    assert measure.designed_park(run(park_at=99), wl) == []
