@@ -283,14 +283,15 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     slot_json = SLOT_JSON.search(source)
     skip_at, skip_indent = _prompt_loop_skip(source, owner, methods)
     admit_at, admit_indent = _task_admission(source, owner, methods)
+    batched_member = bool(batch_struct and "slot_batched" in batch_struct)
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
-                 bool(batch_struct and "slot_batched" in batch_struct), "spec_i_batch" in slot, terminate, frees,
+                 batched_member, "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
                  metrics_sites(source), public_at, slot_json.end() if slot_json else -1,
                  slot_json[1].decode() if slot_json else "", skip_at, skip_indent, admit_at, admit_indent,
                  decode_yield, *_handover(source, owner, methods, method.spelling),
-                 bool(batch_struct and "slot_batched" in batch_struct) and "slot_batched" in _tokens(method))
+                 batched_member and "slot_batched" in _tokens(method))
 
 
 def _handover(source: bytes, owner: str, methods, handler: str) -> tuple[int, str, str, str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from .overflows import (Offset, Overflow, SlotAt, decoded_first, designed, designed_park, evicts,
                         first_group_offsets, offset, other_adapters_in_park, overflows, parked_past_headroom,
-                        prompt_not_largest, shape, shift_exercised)
+                        prompt_not_largest, resume_headroom, shape, shift_exercised)
 from .pauses import (PARK_BOUND, Admission, Park, Pause, admissions, parks, parks_in_order, pauses, unfreed_parks,
                      unseen_parks, word)
 from .record import Run
@@ -26,7 +26,7 @@ from .workload import Workload
 
 __all__ = ["Measured", "measure",
            "Offset", "Overflow", "SlotAt", "decoded_first", "designed", "evicts", "first_group_offsets", "offset",
-           "designed_park", "other_adapters_in_park", "parked_past_headroom", "overflows", "prompt_not_largest", "shape", "shift_exercised",
+           "designed_park", "other_adapters_in_park", "parked_past_headroom", "resume_headroom", "overflows", "prompt_not_largest", "shape", "shift_exercised",
            "PARK_BOUND", "Admission", "Park", "Pause", "admissions", "parks", "parks_in_order", "pauses", "unfreed_parks", "unseen_parks", "word",
            "EXCEEDED", "log_truncated", "not_stopped", "sampling_problems", "steps", "trace_problems"]
 

@@ -30,7 +30,7 @@ import numpy as np
 from .pauses import decoded_while_parked, parks, pauses
 from .record import Outcome, Run, Sample
 from .serverlog import EXCEEDED, kv_errors, kv_outcome, steps
-from .workload import PARK_SHAPE, PAST_HEADROOM, RESUME_HEADROOM, Workload
+from .workload import PARK_SHAPE, PAST_HEADROOM, Workload
 
 
 @dataclass(frozen=True)
@@ -510,12 +510,20 @@ def other_adapters_in_park(run: Run, wl: Workload) -> tuple[bool, str]:
                                        for p, who in runs) + ")" if runs else ": nothing was parked and resumed"))
 
 
+@lru_cache(maxsize=1)
+def resume_headroom() -> int:
+    """The cells a resume leaves free per running slot: the preemption families' [params] headroom
+    (one value for all of them, a fast test holds it), read from park-slot's patch.toml."""
+    from .patch import load_patch
+    return int(load_patch("park-slot").params["headroom"])
+
+
 def parked_past_headroom(run: Run, wl: Workload) -> tuple[bool, str]:
     """park-whole-pool's designed shape: a slot parked holding more than the pool less a resume's
     headroom, so it can come back only alone. Missed when the small request started generating
     first and the pool ran out while the large one was still in its prompt: the small one is parked,
     holding a few cells, and any resume rule brings it back."""
-    edge = run.pool - RESUME_HEADROOM
+    edge = run.pool - resume_headroom()
     ps = [p for v in pauses(run).values() for p in v]
     past = [p for p in ps if p.cells_before > edge]
     if past:
@@ -526,13 +534,12 @@ def parked_past_headroom(run: Run, wl: Workload) -> tuple[bool, str]:
 
 def designed_park(run: Run, wl: Workload) -> list[tuple[str, bool, str]]:
     """The shape a preempting run is designed to reach (there is no overflow to read it on)."""
-    if not parks(run):
-        return []
-    if wl.expect.shape == PARK_SHAPE:
-        return [("designed-shape", *other_adapters_in_park(run, wl))]
-    if wl.expect.shape == PAST_HEADROOM:
-        return [("designed-shape", *parked_past_headroom(run, wl))]
-    return []
+    reader = PARK_READERS.get(wl.expect.shape)
+    return [("designed-shape", *reader(run, wl))] if reader and parks(run) else []
+
+
+# a park's designed shape (workload.PARK_SHAPES) -> its reader
+PARK_READERS = {PARK_SHAPE: other_adapters_in_park, PAST_HEADROOM: parked_past_headroom}
 
 
 def shape(run: Run, wl: Workload, policy: str = "largest") -> str | None:

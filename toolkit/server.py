@@ -17,7 +17,7 @@ from typing import Sequence
 
 import httpx
 
-from . import proc
+from . import cache, proc
 from .errors import ServerError
 
 BIND_FAILED = ("couldn't bind", "Address already in use", "failed to bind")
@@ -25,7 +25,15 @@ BIND_FAILED = ("couldn't bind", "Address already in use", "failed to bind")
 
 @lru_cache(maxsize=32)
 def _help(binary: str, stamp: tuple[int, int]) -> str:
+    """The binary's --help, run once per binary ever: kept in the cache by its path and stamp (a
+    rebuilt binary has another), as the facts of a tree are."""
+    path = cache.sub("help") / f"{cache.digest(binary, stamp)}.txt"
+    if path.exists():
+        return path.read_text()
     r = proc.run([binary, "--help"], check=False, timeout=60)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(r.out + r.err)
+    tmp.replace(path)    # whole or absent: two workers may ask at once
     return r.out + r.err
 
 

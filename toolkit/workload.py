@@ -119,7 +119,7 @@ class Expect:
     #   "other-adapters-in-park": (a preempting run) a request with other LoRA adapters than a parked
     #              one decoded between its park and its resume
     #   "parked-past-headroom": (a preempting run) a slot parked holding more than the pool less a
-    #              resume's headroom (RESUME_HEADROOM): it can come back only alone
+    #              resume's headroom (the families' [params] headroom): it can come back only alone
     shape: str = ""
     # the pairs of the failure point (overflows.PAIRS) the workload is designed to reach, for the
     # largest policy: measured on every judged run like a shape (a start that missed them is made
@@ -138,9 +138,6 @@ class Expect:
 PARK_SHAPE = "other-adapters-in-park"
 PAST_HEADROOM = "parked-past-headroom"
 PARK_SHAPES = (PARK_SHAPE, PAST_HEADROOM)
-# the cells a resume leaves free per running slot (park-slot's [params] headroom): a slot parked
-# holding more than the pool less this can come back only alone
-RESUME_HEADROOM = 16
 
 
 @dataclass(frozen=True)

@@ -632,7 +632,7 @@ def test_park_whole_pools_shape_is_a_slot_parked_past_a_resumes_headroom():
     completed, when the small request was the one parked. Missed: inconclusive, a start to make
     again, and a mutant nothing failed is not-reached."""
     wl = workload.load("park-whole-pool")
-    assert all(patch.load_patch(n).params["headroom"] == workload.RESUME_HEADROOM for n in ("park-slot", "hybrid-slot", "recompute-slot", "recompute-prefill-slot"))
+    assert all(patch.load_patch(n).params["headroom"] == measure.resume_headroom() for n in ("park-slot", "hybrid-slot", "recompute-slot", "recompute-prefill-slot"))
     r = run()                                          # slot 0 parked holding 13 cells
     held, why = measure.parked_past_headroom(r, wl)
     assert not held and why == ("no slot parked holding more than the pool less a resume's headroom (48): "
