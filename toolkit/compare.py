@@ -3,8 +3,9 @@
 Every check reads a `measure.Measured` (a run measured once) and never measures itself; the
 before-side, control and base runs it compares with are plain records (their outcomes and streams).
 
-Vocabulary is closed: every Check is "pass" or "fail" (or "skip" with a reason, e.g. the
-integrity oracle when there is no control run).
+Vocabulary is closed: every Check is "pass" or "fail" (evidence against the patch, quoted), "skip"
+with a reason (e.g. the integrity oracle when there is no control run), or "inconclusive" (a shape
+not reached, evidence missing: never against the patch).
 """
 from __future__ import annotations
 
@@ -430,6 +431,13 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
     regress from it. "no-regression": the base side is a reference; the candidate must not do
     worse on any request, and its server must stay healthy."""
     run, wl = m.run, m.wl
+    if not_reached := pool_end_not_reached(m, side, base, expect, base_reference):
+        # the one rule for a design not reached: a base that never ran out of pool cannot show the
+        # bug, so neither side is judged by it; the candidate must still not do worse than the base
+        checks = [Check("pool-end-reached", "inconclusive", not_reached)]
+        if side == "candidate":
+            checks += no_regression(run, base, wl)
+        return Verdict(wl.name, side, index, (*checks, *server_checks(m)))
     if expect == "preemption" and side == "candidate" and wl.expect.base == "all-error":
         # on an overflow workload; a workload whose base does not overflow (fits, single-slot) keeps
         # its own expectation below: a preemption must change nothing there
@@ -458,6 +466,26 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
     if side == "candidate" and base_reference:
         checks += no_regression(run, base, wl)
     return Verdict(wl.name, side, index, (start_shape(m), *checks))
+
+
+def pool_end_not_reached(m: Measured, side: str, base: Run | None, expect: str, base_reference: bool) -> str:
+    """Why this overflow workload's design was not reached on the base ('' when it was): no request
+    of the base run met a full pool. Measured on layout A, whose server caps each slot at n_ctx/np
+    (each request ends at its own context, never the pool's); also a base start whose requests
+    never met in the pool. A candidate's run is judged as it is when it met a full pool itself (it
+    evicted or parked): what it did there is evidence whatever the base's start did."""
+    if expect not in ("eviction", "preemption") or base_reference or m.wl.expect.base != "all-error":
+        return ""
+    if (base is None and side == "candidate") or m.overflows or m.preempts or any(
+            o.outcome == "errored" for o in m.run.outcomes + (base.outcomes if side == "candidate" else ())):
+        return ""
+    ref = base if side == "candidate" else m.run
+    ends = sorted({f"{o.outcome}" + (f" ('{o.error}')" if o.error else "") for o in ref.outcomes})
+    return (f"the base never ran out of pool on this run: no request met a full pool (its requests ended "
+            f"{', '.join(ends)}), so the bug this workload shows was not reproduced and the patch's handler "
+            "was not exercised. Not evidence either way: a server that caps each slot at n_ctx/np (layout A) "
+            "or a start whose requests never met does this; retry with --repeat, or use a tree whose base "
+            "shows the bug.")
 
 
 # ------------------------------------------------------------------ preemption (park / recompute)

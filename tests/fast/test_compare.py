@@ -56,9 +56,29 @@ def test_base_bug_reproduced():
     assert judge(WL, "base").ok
 
 
-def test_base_without_bug_fails():
-    v = verify.judge(WL, "base", control())
-    assert failed(v).keys() == {"all-slots-errored"}
+def test_a_base_that_never_meets_a_full_pool_is_not_reached_on_both_sides_never_a_fail():
+    """Issue 34's one rule for a design not reached (measured on layout A, whose server caps each
+    slot at n_ctx/np): the base's every request completed, so neither side can show the bug. It was
+    a FAIL of `all-slots-errored` ("no request got ..."), evidence of nothing about the patch."""
+    base = control()
+    v = verify.judge(WL, "base", base)
+    got = {c.name: c.status for c in v.checks}
+    assert not failed(v) and got["pool-end-reached"] == "inconclusive" and "all-slots-errored" not in got, v
+    assert "never ran out of pool" in next(c.detail for c in v.checks if c.name == "pool-end-reached")
+    # the candidate, which met no full pool either, is held to the base's outcomes only
+    c = verify.judge(WL, "candidate", control(), control=control(), base=base)
+    got = {c.name: c.status for c in c.checks}
+    assert got["pool-end-reached"] == "inconclusive" and got["no-regression"] == "pass", c
+    # ... and fails where it did worse than the base: that is evidence
+    worse = replace(base, outcomes=tuple(replace(o, outcome="truncated") if o.slot == 2 else o
+                                         for o in base.outcomes))
+    c = verify.judge(WL, "candidate", worse, control=control(), base=base)
+    assert "slot 2: completed" in failed(c)["no-regression"], failed(c)
+    # a candidate that met a full pool itself is judged on what it did, whatever the base's start did
+    c = verify.judge(WL, "candidate", sim(WL, patched=True), control=control(), base=base)
+    assert "pool-end-reached" not in {x.name for x in c.checks} and c.ok, failed(c)
+    # the base's own runs that did meet a full pool are judged as ever
+    assert judge(WL, "base").ok and "pool-end-reached" not in {x.name for x in judge(WL, "base").checks}
 
 
 @pytest.mark.parametrize("wl", [WL, WF, WM], ids=lambda w: w.name)
