@@ -396,8 +396,11 @@ def judge(m: Measured, side: str, index: int = 0, control: Run | None = None, ba
     problems: dict[str, list[tuple[int, str]]] = {}   # the same failure of many starts: one line
     for e in m.earlier:
         overflowed = bool(e.overflows) or any(o.outcome == "errored" for o in e.run.outcomes)
+        # a start whose base never met a full pool (layout A) is held to the one rule for that, as
+        # the judged start is: "every request completes" is no promise where the server truncates
         checks = (_judge(e, side, index, control, base, expect, base_reference, own).checks
-                  if overflowed else tuple(unchanged(e)))
+                  if overflowed or pool_end_not_reached(e, side, base, expect, base_reference)
+                  else tuple(unchanged(e)))
         for c in checks:
             if c.status == "fail" and c.name not in SHAPE_CHECKS:
                 problems.setdefault(f"{c.name}: {c.detail}", []).append((e.run.attempts, e.run.log))

@@ -77,6 +77,14 @@ def test_a_base_that_never_meets_a_full_pool_is_not_reached_on_both_sides_never_
     # a candidate that met a full pool itself is judged on what it did, whatever the base's start did
     c = verify.judge(WL, "candidate", sim(WL, patched=True), control=control(), base=base)
     assert "pool-end-reached" not in {x.name for x in c.checks} and c.ok, failed(c)
+    # layout A's server ends each request at its slot's share ("truncated"), in every start: the
+    # earlier starts (made again for the shape) are held to the same rule, not to "all completed"
+    cut = replace(base, outcomes=tuple(replace(o, outcome="truncated") for o in base.outcomes))
+    again = replace(cut, attempts=3, earlier=(replace(cut, attempts=1), replace(cut, attempts=2)))
+    for side in ("base", "candidate"):
+        v = verify.judge(WL, side, again, control=control(), base=cut)
+        got = {c.name: c.status for c in v.checks}
+        assert not failed(v) and got["pool-end-reached"] == "inconclusive" and got["earlier-starts"] == "pass", v
     # the base's own runs that did meet a full pool are judged as ever
     assert judge(WL, "base").ok and "pool-end-reached" not in {x.name for x in judge(WL, "base").checks}
 
