@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
 import tempfile
 import time
@@ -91,9 +90,7 @@ def _facts(ws: build_mod.Workspace, rel: str, cmd: codeindex.CompileCommand, tex
         pass  # absent, or written by an older shape of Facts: parse
     progress(f"parsing {rel} with libclang")
     facts = anchors.analyze(codeindex.parse(cmd), text, rel)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(facts)))
-    tmp.replace(path)  # atomic: a concurrent reader sees all of it or nothing
+    cache.write_atomic(path, json.dumps(asdict(facts)))
     return facts
 
 

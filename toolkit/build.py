@@ -117,10 +117,7 @@ def scoped_launcher(sanitize: tuple[str, ...], only: tuple[str, ...]) -> Path:
             f"{run}\n")
     path = cache.sub("launchers") / f"sanitize-{cache.digest(text)}.sh"
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, path)
+        cache.write_atomic(path, text, mode=0o755)
     return path
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +34,16 @@ def digest(*items: object, n: int = 16) -> str:
         h.update(repr(it).encode())
         h.update(b"\0")
     return h.hexdigest()[:n]
+
+
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    """Write a cache entry whole or not at all: two processes (xdist workers, a CLI subprocess)
+    may make the same entry at once, and a reader must never see half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    if mode is not None:
+        tmp.chmod(mode)
+    os.replace(tmp, path)
 
 
 @contextmanager

@@ -192,9 +192,7 @@ def for_report(repo: git.Repo, commit: str, model_name: str, opts: build_mod.Opt
             return from_json(json.loads(path.read_text()))
         binary = harness(repo, commit, opts, progress)
         res = measure(binary, model_name, trials=REPORT_TRIALS, seed=REPORT_SEED, progress=progress)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(to_json(res)))
-        tmp.replace(path)
+        cache.write_atomic(path, json.dumps(to_json(res)))
         return res
     except (PatchError, BuildError, EnvironmentProblem, OSError) as e:
         return f"not measured: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"

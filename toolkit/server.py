@@ -31,9 +31,7 @@ def _help(binary: str, stamp: tuple[int, int]) -> str:
     if path.exists():
         return path.read_text()
     r = proc.run([binary, "--help"], check=False, timeout=60)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(r.out + r.err)
-    tmp.replace(path)    # whole or absent: two workers may ask at once
+    cache.write_atomic(path, r.out + r.err)
     return r.out + r.err
 
 

@@ -43,3 +43,13 @@ def test_show_and_prune_by_age_size_and_lock(tmp_path, monkeypatch):
     # --all-ages: the fresh binary too (the held workspace is free now)
     res = CliRunner().invoke(cli, ["cache", "prune", "--max-gb", "0", "--all-ages"])
     assert "2 entries removed" in res.output and tree.exists() and not fresh.exists() and not held.exists()
+
+
+def test_a_cache_entry_is_written_whole_with_no_temporary_left(tmp_path):
+    """cache.write_atomic: what facts, a server's --help, a launcher and a sensitivity use."""
+    from toolkit import cache
+    path = tmp_path / "entry.sh"
+    path.write_text("old")
+    cache.write_atomic(path, "#!/bin/sh\nexit 0\n", mode=0o755)
+    assert path.read_text() == "#!/bin/sh\nexit 0\n" and os.access(path, os.X_OK)
+    assert [p.name for p in tmp_path.iterdir()] == ["entry.sh"]     # the temporary was renamed, not copied
