@@ -235,14 +235,24 @@ class Spawned:
 _LIVE: set[Spawned] = set()
 
 
-def stop_all() -> None:
+def stop_all(settle: float = 2.0) -> None:
     for child in list(_LIVE):
         child.stop(grace=2.0)
-    for pid in marked(os.environ[OWNER]):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    # A child caught inside execve has no readable environment for an instant, so one sweep can
+    # miss it and it runs on (a clean-clone CI run under load left a llama-server behind after a
+    # Ctrl-C). Sweep until two passes in a row find nothing (a killed child is a zombie, whose
+    # environment reads empty), for at most `settle` seconds.
+    deadline, quiet = time.monotonic() + settle, 0
+    while quiet < 2 and time.monotonic() < deadline:
+        found = marked(os.environ[OWNER])
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        quiet = 0 if found else quiet + 1
+        if quiet < 2:
+            time.sleep(0.02)
 
 
 def marked(value: str, name: str = OWNER) -> list[int]:

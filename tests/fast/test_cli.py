@@ -134,3 +134,18 @@ def test_mutants_merge_joins_the_shards_of_one_campaign_and_refuses_others(tmp_p
     other = shard("s3", "t" * 40, [mutant(5, "killed")])
     r = CliRunner().invoke(cli, ["mutants", "--merge", a, "--merge", other], standalone_mode=False)
     assert "not shards of one campaign" in str(r.exception)
+
+
+def test_stop_all_sweeps_again_for_a_child_caught_mid_exec(monkeypatch):
+    """A child inside execve has no readable environment for an instant: the first sweep misses
+    it. stop_all sweeps until two passes in a row find nothing, so it is killed on the next one
+    (no process is started: /proc and kill are stood in for)."""
+    from toolkit import proc
+    passes = iter([[], [4242], [], []])
+    killed = []
+    monkeypatch.setattr(proc, "marked", lambda value: next(passes, []))
+    monkeypatch.setattr(proc.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    proc.stop_all()
+    assert killed == [(4242, proc.signal.SIGKILL)]
+    # a single sweep (the old rule) would have stopped after the first, empty pass
+    assert next(passes, "done") == "done"
