@@ -33,7 +33,6 @@ class Facts:
     batch_model: str          # plain (llama_batch) | tokens (server_batch + llama_batch) | view (common_batch)
     has_embd: bool
     has_tokens_ptr: bool
-    slot_batched_member: bool
     has_spec_i_batch: bool
     terminate: str            # the per-slot statements of the error-every-slot loop
     frees_cells: bool         # whether those statements free the slot's KV cells
@@ -285,7 +284,7 @@ def analyze(tu, source: bytes, rel: str) -> Facts:
     admit_at, admit_indent = _task_admission(source, owner, methods)
     batched_member = bool(batch_struct and "slot_batched" in batch_struct)
     return Facts(layout, rel, method.spelling, off, ctx, "n_batch", retry, batch_model, has_embd, has_tokens_ptr,
-                 batched_member, "spec_i_batch" in slot, terminate, frees,
+                 "spec_i_batch" in slot, terminate, frees,
                  cache_tokens, task_id, s_start, m_start, _indent_at(source, method.extent.start.offset), hook_at,
                  hook_indent, hook_end, prompt_len, generated, enum_at, enum_indent, resume_at, resume_indent,
                  metrics_sites(source), public_at, slot_json.end() if slot_json else -1,

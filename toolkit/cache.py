@@ -62,11 +62,13 @@ def locked(path: Path):
 
 # kind -> folder; the order is the order `patchkit cache` prints
 KINDS = {"sdists": "sdists", "trees": "trees", "workspaces": "work", "binaries": "bins", "models": "models",
-         "ccache": "ccache", "harnesses": "harness", "measurements": "sensitivity"}
+         "ccache": "ccache", "harnesses": "harness", "measurements": "sensitivity", "facts": "facts",
+         "server help": "help", "launchers": "launchers", "upstream tests": "upstream"}
 # what prune may remove, least recently used first: each is rebuilt on demand (a workspace by an
-# incremental build from ccache, a binary from its workspace); sdists, trees, models and ccache
-# stay (a tree is the user's embedded default; ccache keeps its own size limit)
-PRUNABLE = ("work", "bins", "harness", "sensitivity")
+# incremental build from ccache, a binary from its workspace, a fact or a server's --help by one
+# parse or run); sdists, trees, models, ccache and upstream's test venvs stay (a tree is the
+# user's embedded default; ccache keeps its own size limit; a venv costs a pip install)
+PRUNABLE = ("work", "bins", "harness", "sensitivity", "facts", "help", "launchers")
 DEFAULT_MAX_GB = 20.0
 
 
@@ -96,7 +98,7 @@ def usage() -> list[tuple[str, int, int]]:
         d = base / folder
         entries = [e for e in d.iterdir() if not e.name.endswith(".lock")] if d.is_dir() else []
         out.append((kind, sum(_size(e) for e in entries), len(entries)))
-    rest = [e for e in base.iterdir() if e.name not in KINDS.values()]
+    rest = [e for e in base.iterdir() if e.name not in KINDS.values() and e.name != "locks"]
     out.append(("other", sum(_size(e) for e in rest), len(rest)))
     return out
 

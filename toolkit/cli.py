@@ -147,7 +147,8 @@ def cache_group(ctx) -> None:
 @cache_group.command("show")
 @click.option("--json", "as_json", is_flag=True)
 def cache_show(as_json: bool = False) -> None:
-    """The cache's size per kind: sdists, trees, workspaces, binaries, models, ccache, harnesses.
+    """The cache's size per kind: sdists, trees, workspaces, binaries, models, ccache, harnesses,
+    sensitivity measurements, facts, server help, launchers, upstream tests, and anything else.
 
     Example: patchkit cache show --json
     """
@@ -159,8 +160,8 @@ def cache_show(as_json: bool = False) -> None:
         return
     click.echo(f"{cache.root()}  (cap {cache.max_bytes() / 1e9:.0f} GB: PATCHKIT_CACHE_MAX_GB)")
     for k, b, n in rows:
-        click.echo(f"  {k:<13} {b / 1e6:>9.1f} MB  {n} entr{'y' if n == 1 else 'ies'}")
-    click.echo(f"  {'total':<13} {sum(b for _k, b, _n in rows) / 1e6:>9.1f} MB")
+        click.echo(f"  {k:<15} {b / 1e6:>9.1f} MB  {n} entr{'y' if n == 1 else 'ies'}")
+    click.echo(f"  {'total':<15} {sum(b for _k, b, _n in rows) / 1e6:>9.1f} MB")
 
 
 @cache_group.command("prune")
@@ -170,10 +171,12 @@ def cache_show(as_json: bool = False) -> None:
               "beside may be about to start one of its binaries).")
 @click.option("--json", "as_json", is_flag=True)
 def cache_prune(max_gb, all_ages, as_json) -> None:
-    """Remove the least recently used workspaces, binaries and harnesses down to a cap.
+    """Remove the least recently used workspaces, binaries, harnesses, measurements, facts, server
+    help and launchers down to a cap.
 
-    Never removes what another patchkit process holds, nor sdists, trees, models or ccache (each
-    rebuilt entry comes back by an incremental, ccache-served build).
+    Never removes what another patchkit process holds, nor sdists, trees, models, ccache or
+    upstream's test venvs (each removed entry comes back by an incremental, ccache-served build,
+    one parse or one run).
     Example: patchkit cache prune --max-gb 5
     """
     from . import cache

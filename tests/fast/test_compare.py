@@ -66,17 +66,17 @@ def test_a_base_that_never_meets_a_full_pool_is_not_reached_on_both_sides_never_
     assert not failed(v) and got["pool-end-reached"] == "inconclusive" and "all-slots-errored" not in got, v
     assert "never ran out of pool" in next(c.detail for c in v.checks if c.name == "pool-end-reached")
     # the candidate, which met no full pool either, is held to the base's outcomes only
-    c = verify.judge(WL, "candidate", control(), control=control(), base=base)
-    got = {c.name: c.status for c in c.checks}
-    assert got["pool-end-reached"] == "inconclusive" and got["no-regression"] == "pass", c
+    cand = verify.judge(WL, "candidate", control(), control=control(), base=base)
+    got = {x.name: x.status for x in cand.checks}
+    assert got["pool-end-reached"] == "inconclusive" and got["no-regression"] == "pass", cand
     # ... and fails where it did worse than the base: that is evidence
     worse = replace(base, outcomes=tuple(replace(o, outcome="truncated") if o.slot == 2 else o
                                          for o in base.outcomes))
-    c = verify.judge(WL, "candidate", worse, control=control(), base=base)
-    assert "slot 2: completed" in failed(c)["no-regression"], failed(c)
+    cand = verify.judge(WL, "candidate", worse, control=control(), base=base)
+    assert "slot 2: completed" in failed(cand)["no-regression"], failed(cand)
     # a candidate that met a full pool itself is judged on what it did, whatever the base's start did
-    c = verify.judge(WL, "candidate", sim(WL, patched=True), control=control(), base=base)
-    assert "pool-end-reached" not in {x.name for x in c.checks} and c.ok, failed(c)
+    cand = verify.judge(WL, "candidate", sim(WL, patched=True), control=control(), base=base)
+    assert "pool-end-reached" not in {x.name for x in cand.checks} and cand.ok, failed(cand)
     # layout A's server ends each request at its slot's share ("truncated"), in every start: the
     # earlier starts (made again for the shape) are held to the same rule, not to "all completed"
     cut = replace(base, outcomes=tuple(replace(o, outcome="truncated") for o in base.outcomes))

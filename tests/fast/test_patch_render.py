@@ -40,7 +40,7 @@ def facts(**kw):
     hook_end = SRC.index(b"too\n") + len(b"too")
     base = dict(layout="C2", file="tools/server/server-context.cpp", handler="decode", off="off", ctx="ctx_tgt",
                 n_batch="n_batch", retry="return false;", batch_model="tokens", has_embd=True, has_tokens_ptr=True,
-                slot_batched_member=True, has_spec_i_batch=True,
+                has_spec_i_batch=True,
                 terminate="if (slot.is_processing()) {\n    send_error(slot, err);\n    slot.release();\n"
                           "    slot.prompt_clear();\n}",
                 frees_cells=True, cache_tokens="prompt.tokens", task_id="(SLOT->task ? SLOT->task->id : -1)",
@@ -52,11 +52,10 @@ def facts(**kw):
 
 SPEC = patch.load_patch()
 LAYOUTS = {
-    "A": dict(layout="A", batch_model="plain", has_embd=False, has_tokens_ptr=False, slot_batched_member=False,
-              has_spec_i_batch=False, frees_cells=False, cache_tokens="cache_tokens", task_id="SLOT->id_task",
+    "A": dict(layout="A", batch_model="plain", has_embd=False, has_tokens_ptr=False, has_spec_i_batch=False,
+              frees_cells=False, cache_tokens="cache_tokens", task_id="SLOT->id_task",
               off="i", retry="continue;", ctx="ctx", terminate="slot.release();\nsend_error(slot, err);"),
-    "B": dict(layout="B", batch_model="plain", has_embd=False, has_tokens_ptr=False, slot_batched_member=False,
-              off="i", retry="continue;"),
+    "B": dict(layout="B", batch_model="plain", has_embd=False, has_tokens_ptr=False, off="i", retry="continue;"),
     "C": dict(layout="C", has_embd=False, has_tokens_ptr=False),
     "C2": {},
     "D": dict(layout="D", batch_model="view", has_tokens_ptr=False),

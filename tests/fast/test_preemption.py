@@ -228,7 +228,7 @@ void routes(server_context & ctx_server) {
 def facts(**kw):
     base = dict(layout="C2", file="tools/server/server-context.cpp", handler="decode", off="off", ctx="ctx_tgt",
                 n_batch="n_batch", retry="return false;", batch_model="tokens", has_embd=True, has_tokens_ptr=True,
-                slot_batched_member=True, has_spec_i_batch=True, terminate="send_error(slot, err);",
+                has_spec_i_batch=True, terminate="send_error(slot, err);",
                 frees_cells=True, cache_tokens="prompt.tokens", task_id="(SLOT->task ? SLOT->task->id : -1)",
                 surgery_at=SRC.index(b"struct server_context"), helper_at=SRC.index(b"    bool decode"),
                 helper_indent="    ", hook_at=SRC.index(b"ret == 1) {") + len(b"ret == 1) {"),

@@ -290,11 +290,18 @@ def test_ctrl_c(c2, c2_base, tmp_path, what, sigint):
     deadline = time.monotonic() + 10  # SIGKILLed grandchildren: gone once the kernel reaps them
     while _marked(tag.encode()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = _marked(tag.encode())
+    left = {pid: _cmdline(pid) for pid in _marked(tag.encode())}   # what each was, for the failure's text
     for pid in left:  # reported below, never left running (a failure once left two llama-servers)
         os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind (were {sorted(working)})"
+    assert not left, f"processes left behind: {left} (children when interrupted: {sorted(working)})"
     assert snapshot(repo) == before
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "(gone)"
 
 
 def _harness_counts(output: str) -> dict[str, int]:
