@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import measure
+from . import measure, overflows
 from .overflows import PAIRS, PAIRS_ALL, overflow_pairs  # noqa: F401 (the coverage tables' names)
 from .record import Run
 from .workload import Workload
@@ -102,10 +102,14 @@ def overflow_shapes(ev: measure.Overflow) -> set[str]:
 # may be designed to reach one: overflows.designed).
 
 
-def pair_matrix(runs: list[tuple[str, Run, Workload]], policy: str = "largest") -> tuple[Reached, ...]:
+def pair_matrix(runs: list[tuple[str, Run, Workload]], policy: str = "largest",
+                expect: str = "eviction") -> tuple[Reached, ...]:
     """Each reachable pair with the first run that reached it and in how many repeats (as matrix);
-    then any pair argued unreachable that a run reached (the argument would be wrong)."""
-    got = _tally(runs, lambda run, wl: set().union(*(overflow_pairs(ev) for ev in measure.overflows(run, wl, policy))))
+    then any pair argued unreachable that a run reached (the argument would be wrong). A preemption
+    family's runs: its parks, each read as an overflow whose victim was parked (the families include
+    the eviction's batch surgery as it is, so the index arithmetic and its pairs are the same)."""
+    events = overflows.parks_read_as_overflows if expect == "preemption" else measure.overflows
+    got = _tally(runs, lambda run, wl: set().union(*(overflow_pairs(ev) for ev in events(run, wl, policy))))
     unreachable = sorted(set(got[0]) - set(PAIRS))
     return _reached((*PAIRS, *unreachable), *got)
 

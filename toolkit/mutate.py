@@ -309,7 +309,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     say("[schema] the right patch (no mutant selected) through the suite")
     right_res = verify_mod.run_suite(repo, base, sha, workloads, work_dir=out_dir / "schema", expect="eviction",
                                      evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
-                                     shapes=spec.shapes, candidate_env={operators.ENV: "0"},
+                                     shapes=spec.shapes, pairs=spec.pairs, candidate_env={operators.ENV: "0"},
                                      model_name=model_name, family=spec.name)  # the family's promises
     if not right_res.ok:
         bad = [f"{w.workload.name}: {c.name}" for w in right_res.results for v in w.verdicts for c in v.checks
@@ -349,7 +349,7 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
         for wl in workloads if killed is None else ():
             res = verify_mod.run_suite(repo, base, sha, [wl], work_dir=out_dir / f"m{m.id}", expect="eviction",
                                        evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
-                                       shapes=spec.shapes, candidate_env={operators.ENV: str(m.id)},
+                                       shapes=spec.shapes, pairs=spec.pairs, candidate_env={operators.ENV: str(m.id)},
                                        model_name=model_name, family=spec.name)
             fails = [(c, v) for w in res.results for v in w.verdicts if v.side == "candidate" for c in v.checks
                      if c.status == "fail"]

@@ -197,31 +197,14 @@ def _infer(v: Outcome, rel: dict[int, Offset], outs: dict[int, Outcome], pool: i
     return 0
 
 
-def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
-    """The overflow events from upstream's own verbose log: per step it names each generating
-    slot's batch entry, in batch order, with the cells that slot held ("slot decode token ...
-    n_tokens"), and it names the task each error went to. Exact, and independent of when the
-    client got to read its sockets (on a loaded machine whole streams arrive in one burst)."""
+def _evictions(run: Run) -> list[tuple[int, int, list[int], float]]:
+    """Where each eviction's handler ran, from upstream's log: (trace index of its first error, the
+    index past that group of errors, the slots they went to, when the first one's error arrived)."""
     outs = {o.slot: o for o in run.outcomes}
     tr = run.trace
     slot_of = {t.task: t.slot for t in tr if t.kind == "launch"}
-    events: list[Overflow] = []
-    # slots an earlier overflow terminated, and (per step) the batch positions its surgery removed:
-    # a second overflow in the SAME step (the retry after the first eviction ran out again) sees the
-    # batch without them, later entries shifted down
-    gone: set[int] = set()
-    removed: dict[int, list[int]] = {}
-    chunk_cut: dict[int, int] = {}   # per step: prompt-chunk entries an earlier surgery took out
-    # per index: the last step marker at or before it, and the last batch entry at or before it
-    # (one pass: finding them per error by scanning back was quadratic in a long log)
-    last_step, last_entry = [], []
-    ls = le = -1
-    for k, x in enumerate(tr):
-        ls = k if x.kind == "step" else ls
-        le = k if x.kind == "entry" else le
-        last_step.append(ls)
-        last_entry.append(le)
     kv = kv_errors(tr)
+    out = []
     i = 0
     while i < len(tr):
         t = tr[i]
@@ -235,9 +218,75 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             if j in kv and slot_of.get(tr[j].task) in outs:
                 group.append(slot_of[tr[j].task])
             j += 1
+        out.append((i, j, group, outs[group[0]].t_end if group else 0.0))
+        i = j
+    return out
+
+
+def _parks(run: Run) -> list[tuple[int, int, list[int], float]]:
+    """Where each park's handler ran, as _evictions has it, read from upstream's log and the pauses
+    (no patch testimony): the step a parked request's last entry was in, and in it upstream's last
+    try (a batch of 1 failed after its retry with n_batch = 1), after which the patch's handler runs.
+    A step with two parks, or with two such failures, is left out: which failure parked which
+    request is not in upstream's log."""
+    tr = run.trace
+    at = [k for k, t in enumerate(tr) if t.kind == "step"]
+    by_step: dict[int, list[tuple[int, float]]] = {}
+    outs = {o.slot: o for o in run.outcomes}
+    for slot, ps in pauses(run).items():
+        o = outs[slot]
+        for p in ps:
+            t = o.token_t[p.at_token - 1] if 0 < p.at_token <= len(o.token_t) else 0.0
+            by_step.setdefault(p.step, []).append((slot, t))
+    out = []
+    for step, parked in sorted(by_step.items()):
+        if len(parked) != 1 or not 0 <= step < len(at):
+            continue
+        end = at[step + 1] if step + 1 < len(at) else len(tr)
+        calls, last_try = [], 0
+        for k in range(at[step], end):
+            if tr[k].kind == "retry":
+                last_try = tr[k].token
+            elif tr[k].kind == "batch" and tr[k].value == 1 and last_try == 1:
+                calls.append(k + 1)
+        if len(calls) == 1:
+            out.append((calls[0], calls[0], [parked[0][0]], parked[0][1]))
+    return out
+
+
+def _from_trace(run: Run, wl: Workload, policy: str, parked: bool = False) -> tuple[Overflow, ...]:
+    """The overflow events from upstream's own verbose log: per step it names each generating
+    slot's batch entry, in batch order, with the cells that slot held ("slot decode token ...
+    n_tokens"), and it names the task each error went to. Exact, and independent of when the
+    client got to read its sockets (on a loaded machine whole streams arrive in one burst).
+    `parked`: the parks of a preemption run instead (_parks), each read as an overflow whose
+    victim was parked: the same batch surgery, so the same arithmetic (coverage's pairs)."""
+    outs = {o.slot: o for o in run.outcomes}
+    tr = run.trace
+    events: list[Overflow] = []
+    # slots an earlier overflow terminated, and (per step) the batch positions its surgery removed:
+    # a second overflow in the SAME step (the retry after the first eviction ran out again) sees the
+    # batch without them, later entries shifted down. A parked slot comes back: gone for its step only.
+    gone: set[int] = set()
+    removed: dict[int, list[int]] = {}
+    chunk_cut: dict[int, int] = {}   # per step: prompt-chunk entries an earlier surgery took out
+    # per index: the last step marker at or before it, and the last batch entry at or before it
+    # (one pass: finding them per error by scanning back was quadratic in a long log)
+    last_step, last_entry = [], []
+    ls = le = -1
+    for k, x in enumerate(tr):
+        ls = k if x.kind == "step" else ls
+        le = k if x.kind == "entry" else le
+        last_step.append(ls)
+        last_entry.append(le)
+    prev_step = None
+    for i, j, group, err_at in (_parks(run) if parked else _evictions(run)):
         # the step the failing batch was built in: the last marker before the last entry before the error
         e = last_entry[i - 1] if i > 0 else -1
         step = last_step[e] if e >= 0 else -1
+        if parked and step != prev_step:
+            gone = set()
+        prev_step = step
         every = [x for x in tr[step:i] if x.kind == "entry" and x.slot in outs] if step >= 0 else []
         size = next((x.value for x in tr[step:i] if x.kind == "batch"), len(every)) if step >= 0 else 0
         cut = removed.get(step, [])
@@ -282,7 +331,6 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
                 if s_ in group:  # several in their prompt: their cells are not told apart
                     slots.append(SlotAt(s_, outs[s_].prompt_tokens, 0, 0, len(slots), 0, "server log", "prompt"))
         expected, margin, unc = _choose(slots, policy, wl, tasks)
-        err_at = outs[group[0]].t_end if group else 0.0
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),
                                expected, margin, unc, leaked))
         # what this overflow's surgery took out of the step's batch: the terminated slots' entries
@@ -294,8 +342,14 @@ def _from_trace(run: Run, wl: Workload, policy: str) -> tuple[Overflow, ...]:
             if sl.slot in group and sl.phase == "prompt":
                 chunk_cut[step] = chunk_cut.get(step, 0) + max(0, max(size, len(slots)) - max(off, sl.position))
         gone |= set(group)
-        i = j
     return tuple(events)
+
+
+@lru_cache(maxsize=64)
+def parks_read_as_overflows(run: Run, wl: Workload, policy: str = "largest") -> tuple[Overflow, ...]:
+    """Every park of a preemption run that upstream's log places exactly (_parks), as an overflow
+    whose `terminated` is the parked slot: what the pairs of a preemption family are read from."""
+    return _from_trace(run, wl, policy, parked=True) if any(t.kind == "entry" for t in run.trace) else ()
 
 
 @lru_cache(maxsize=64)

@@ -57,6 +57,9 @@ class PatchSpec:
     # renders into its log line ([recognise] signature, [recognise.policies])
     signature: tuple[str, ...] = ()
     policy_said: dict = field(default_factory=dict)
+    # the pairs of the failure point (coverage.PAIRS) its default suite reaches by design, which a
+    # suite run must reach to PASS; None: the eviction's rule (every reachable pair, policy largest)
+    pairs: tuple[str, ...] | None = None
 
 
 def family_dirs() -> list[Path]:
@@ -85,6 +88,10 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
     unknown_shapes = [x for x in d.get("shapes", ()) if x not in SHAPES]
     if unknown_shapes:
         raise UsageError(f"{meta}: unknown shapes {unknown_shapes}; known: {', '.join(SHAPES)}.")
+    from .overflows import PAIRS
+    unknown_pairs = [x for x in d.get("pairs", ()) if x not in PAIRS]
+    if unknown_pairs:
+        raise UsageError(f"{meta}: unknown or unreachable pairs {unknown_pairs}; reachable: {'; '.join(PAIRS)}.")
     parts = tuple((str(t), str(a)) for t, a in d.get("parts", DEFAULT_PARTS).items())
     bad = [a for _, a in parts if a not in ANCHORS]
     if bad:
@@ -99,7 +106,8 @@ def load_patch(name: str = DEFAULT_PATCH) -> PatchSpec:
                      {**POLICY_WHAT, **d.get("policy_what", {})}, d.get("expect", "eviction"),
                      tuple(d.get("layouts", ())), tuple(d.get("shapes", ())), d.get("strategy", ""),
                      parts, tuple(d.get("equivalent", ())), tuple(d.get("recognise", {}).get("signature", ())),
-                     dict(d.get("recognise", {}).get("policies", {})))
+                     dict(d.get("recognise", {}).get("policies", {})),
+                     tuple(d["pairs"]) if "pairs" in d else None)
 
 
 # The server's environment variable hybrid-slot reads its budget of parked bytes from (MiB; the

@@ -110,8 +110,14 @@ def summary_line(res: Result) -> str:
     reachable = [c for c in res.pairs if c.shape in coverage.PAIRS]
     if reachable:
         gone = coverage.missed(reachable)
-        line += (f"; pairs reached {len(reachable) - len(gone)}/{len(reachable)}"
-                 + (f", not reached: {', '.join(gone)}" if gone else ""))
+        line += f"; pairs reached {len(reachable) - len(gone)}/{len(reachable)}"
+        if res.pairs_promised is not None:   # a family's promise: the rest are listed, not judged
+            kept = [c for c in reachable if c.shape in res.pairs_promised]
+            lost = coverage.missed(kept)
+            line += f" ({len(kept) - len(lost)}/{len(kept)} promised" + (f", not reached: {', '.join(lost)})" if lost
+                                                                          else ")")
+        else:
+            line += f", not reached: {', '.join(gone)}" if gone else ""
         line += "".join(f"; pair argued unreachable yet reached: {c.shape}" for c in res.pairs
                         if c.shape not in coverage.PAIRS)
     return line
@@ -124,7 +130,8 @@ def to_json(res: Result) -> dict:
         "coverage": [{"shape": c.shape, "reached_by": c.by, "repeats_reached": c.repeats, "repeats": c.of}
                      for c in res.coverage],
         "pairs": [{"pair": c.shape, "reached_by": c.by, "repeats_reached": c.repeats, "repeats": c.of,
-                   "argued_reachable": c.shape in coverage.PAIRS} for c in res.pairs],
+                   "argued_reachable": c.shape in coverage.PAIRS, "judged": c.shape in res.promised_pairs}
+                  for c in res.pairs],
         "base_commit": res.base_commit, "base_why": res.base_why, "candidate_commit": res.candidate_commit,
         "candidate": res.candidate_label, "candidate_source_commit": res.candidate_source,
         "policy": res.policy if res.own else None, "policy_measured": policy_text(res), "layout": res.layout,
@@ -237,9 +244,13 @@ def text_table(res: Result) -> str:
         lines += [f"  {c.shape:<{w}}  {c.where()}" for c in res.coverage]
         lines.append("")
     if res.pairs:
-        lines.append("pairs of the failure point (the victim's undecoded entries x a survivor's place):")
+        lines.append("pairs of the failure point (the victim's undecoded entries x a survivor's place"
+                     + ("; each park read as an overflow, its victim the parked slot" if res.expect == "preemption"
+                        else "") + "):")
         w = max(len(c.shape) for c in res.pairs)
         lines += [f"  {c.shape:<{w}}  {c.where()}" + ("" if c.shape in coverage.PAIRS else "  (argued unreachable)")
+                  + ("  (not promised: listed)" if res.pairs_promised is not None and c.shape in coverage.PAIRS
+                     and c.shape not in res.pairs_promised else "")
                   for c in res.pairs]
         lines.append("")
     lines += [sensitivity.line(r, name) for name, r in res.sensitivity]

@@ -61,8 +61,12 @@ class Result:
     base_why: str = ""            # how the base was chosen (the candidate's is candidate_label)
     # the failure-point shapes the candidate's runs reached (coverage.py), each with its first run
     coverage: tuple[coverage_mod.Reached, ...] = ()
-    # the eviction's pairs (victim's undecoded entries x a survivor's place), each with its first run
+    # the pairs of the failure point (the victim's undecoded entries x a survivor's place; a preemption
+    # family's victim is the slot it parked), each with its first run
     pairs: tuple[coverage_mod.Reached, ...] = ()
+    # the pairs a suite run must reach to PASS: the family's patch.toml `pairs`; None: the eviction's
+    # rule (every reachable pair, for the largest policy the workloads are sized for)
+    pairs_promised: tuple[str, ...] | None = None
     # the candidate is patchkit's own series (its policy is its promise); else its policy is only
     # what was measured, and the reports say so (issue 28)
     own: bool = True
@@ -79,6 +83,12 @@ class Result:
         return all(r.ok for r in self.results)
 
     @property
+    def promised_pairs(self) -> tuple[str, ...]:
+        if self.pairs_promised is not None:
+            return self.pairs_promised
+        return coverage_mod.PAIRS if self.policy == "largest" and self.expect == "eviction" else ()
+
+    @property
     def outcome(self) -> str:
         """PASS: every check held on evidence and every declared shape was reached. FAIL: evidence
         against the candidate (a check failed, quoted in the report). INCONCLUSIVE: nothing against
@@ -92,7 +102,7 @@ class Result:
         suite = set(SUITE) <= ran or set(REAL_SUITE) <= ran
         # the pairs likewise: each is some suite workload's by design (its `expect.pairs`, a start
         # that missed them made again), for the largest policy the workloads are sized for
-        pairs = tuple(c for c in self.pairs if c.shape in coverage_mod.PAIRS) if self.policy == "largest" else ()
+        pairs = tuple(c for c in self.pairs if c.shape in self.promised_pairs)
         return ("INCONCLUSIVE" if missing or (suite and (coverage_mod.missed(self.coverage) or coverage_mod.missed(pairs)))
                 else "PASS")
 
@@ -114,13 +124,15 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               evicting_patch: bool = False, base_reference: bool = False, sides: tuple[str, str] = ("base", "candidate"),
               reuse: dict | None = None, say: Say = print, progress: Say = lambda s: None,
               patch_expect: str = "eviction", shapes: tuple[str, ...] | None = None,
+              pairs: tuple[str, ...] | None = None,
               candidate_env: dict[str, str] | None = None, candidate_args: tuple[str, ...] = (),
               family: str = "", declared: promises.Declared | None = None) -> Result:
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
     each workload's control and base runs are made once and shared by every candidate.
     `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`).
     `shapes`: the failure-point shapes the candidate's handler can meet (its patch.toml); None:
-    every shape of the applied expectations (a candidate that is not patchkit's).
+    every shape of the applied expectations (a candidate that is not patchkit's). `pairs`: the pairs
+    its patch.toml promises the default suite reaches (None: the eviction's rule, Result.promised_pairs).
     `candidate_env`, `candidate_args`: added to the candidate's servers' environment (a mutant's id, a
     PR's knob) and command line (a PR's own flags, e.g. --preempt-ram 0).
     `family`: which of patchkit's series the candidate is (its patch name), for the promises only
@@ -236,11 +248,12 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     judged += [(f"{wl.name} run {k + 1} (start {e.attempts})", e, wl) for wl, _, _, _, cand_runs in recorded
                for k, r in enumerate(cand_runs) for e in r.earlier]
     cov = coverage_mod.matrix(judged, tuple(shape_set), applied, policy) if cand_bin and shape_set else ()
-    pairs = coverage_mod.pair_matrix(judged, policy) if cand_bin and applied == "eviction" else ()
+    pairs_promised, pairs = pairs, (coverage_mod.pair_matrix(judged, policy, applied)
+                                    if cand_bin and applied in ("eviction", "preemption") else ())
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
-                  applied, why, coverage=cov, pairs=pairs, own=evicting_patch or declared is not None or not candidate_commit,
+                  applied, why, coverage=cov, pairs=pairs, pairs_promised=pairs_promised, own=evicting_patch or declared is not None or not candidate_commit,
                   sensitivity=sens, promises=declared.text if declared else "")
 
 
@@ -412,5 +425,6 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
                         policy=declared.policy if declared else policy, candidate_label=label, candidate_source=src,
                         layout=layout, model_name=model_name, expect=expect, evicting_patch=declared is not None,
                         say=ui.say, progress=ui.progress, patch_expect=declared.expect if declared else "eviction",
-                        shapes=spec.shapes if spec else None, family=family, declared=declared)
+                        shapes=spec.shapes if spec else None, pairs=spec.pairs if spec else None,
+                        family=family, declared=declared)
     return replace(res, timings=prep + res.timings, base_why=why)

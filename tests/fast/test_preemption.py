@@ -646,3 +646,66 @@ def test_park_whole_pools_shape_is_a_slot_parked_past_a_resumes_headroom():
         "designed-shape"].status == "pass"
     # no park at all (an eviction's run): no park shape to read
     assert measure.designed_park(run(park_at=99), wl) == []
+
+
+def with_park_failure(r, off=0, tries=1):
+    """Upstream's last try in the park's step (step 3): its retry at n_batch 1 at `off`, then the
+    batch of 1 that did not fit, after which the patch's handler runs; `tries` of them."""
+    trace = list(r.trace)
+    at = [i for i, t in enumerate(trace) if t.kind == "step"][4]   # the step after the park's
+    trace[at:at] = [Trace("retry", value=off, token=2), Trace("batch", value=2),
+                    Trace("retry", value=off, token=1), Trace("batch", value=1)] * tries
+    return dataclasses.replace(r, trace=tuple(trace))
+
+
+def test_a_park_is_read_as_an_overflow_whose_victim_was_parked():
+    """Issue 34, pairs for the preemption families: they include the eviction's batch surgery, so a
+    park is the same index arithmetic. Read from upstream's log and the pauses alone: slot 0's last
+    entry (position 0) and slot 1's (position 1), the step failing at off 0, slot 0 parked."""
+    from toolkit import coverage, overflows
+    (ev,) = overflows.parks_read_as_overflows(with_park_failure(run()), WL)
+    assert ev.terminated == (0,) and ev.off == 0 and [(s.slot, s.position) for s in ev.in_play] == [(0, 0), (1, 1)]
+    assert coverage.overflow_pairs(ev) == {"victim undecoded 1 x survivor after, undecoded 1"}
+    # failing at off 1: slot 0's entry decoded before the pool ran out, slot 1's not
+    (ev,) = overflows.parks_read_as_overflows(with_park_failure(run(), off=1), WL)
+    assert coverage.overflow_pairs(ev) == {"victim undecoded 0 x survivor after, undecoded 1"}
+    # no failure in the step (nothing says where the handler ran), or two (which parked whom is not
+    # in upstream's log): no overflow read, so no pair credited
+    assert overflows.parks_read_as_overflows(run(), WL) == ()
+    assert overflows.parks_read_as_overflows(with_park_failure(run(), tries=2), WL) == ()
+    # and the table of a preemption run counts it
+    got = {c.shape: c.by for c in coverage.pair_matrix([("w run 1", with_park_failure(run()), WL)], "largest",
+                                                       "preemption")}
+    assert got["victim undecoded 1 x survivor after, undecoded 1"] == "w run 1"
+    assert sum(by is not None for by in got.values()) == 1
+
+
+def test_a_preemption_familys_promised_pairs_gate_its_suite_and_the_rest_are_listed(tmp_path):
+    """A family's patch.toml `pairs`: what its default suite reaches by design. A suite run that
+    missed one is INCONCLUSIVE; a pair it does not promise is listed, not judged."""
+    from toolkit import coverage, report, verify
+    wrs = tuple(verify.WorkloadResult(workload.load(n), (), (), None, ()) for n in verify.SUITE)
+    promised = coverage.PAIRS[:8]
+    got = tuple(coverage.Reached(p, "overflow-4 run 1" if p in promised else None, 1, 1) for p in coverage.PAIRS)
+    res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "", "preemption",
+                        pairs=got, pairs_promised=promised)
+    assert res.outcome == "PASS" and "pairs reached 8/10 (8/8 promised)" in report.summary_line(res)
+    assert "(not promised: listed)" in report.text_table(res)
+    written = report.write(res, tmp_path)
+    assert "| listed |" in written["md"].read_text() and 'id="pairs"' in written["html"].read_text()
+    res = dataclasses.replace(res, pairs=(coverage.Reached(promised[0], None, 0, 1),) + got[1:])
+    assert res.outcome == "INCONCLUSIVE"
+    assert f"pairs reached 7/10 (7/8 promised, not reached: {promised[0]})" in report.summary_line(res)
+    # without a promise a preemption's pairs are listed only
+    assert dataclasses.replace(res, pairs_promised=None).outcome == "PASS"
+
+
+def test_a_family_promising_a_pair_no_batch_can_hold_is_refused(tmp_path, monkeypatch):
+    import shutil
+    shutil.copytree(patch.PATCHES_DIR / "park-slot", tmp_path / "park-odd")
+    meta = tmp_path / "park-odd" / "patch.toml"
+    meta.write_text(meta.read_text().replace('name = "park-slot"', 'name = "park-odd"')
+                    .replace("\npairs = [", '\npairs = ["victim undecoded >1 x survivor after, undecoded 0", '))
+    monkeypatch.setenv(patch.FAMILIES_ENV, str(tmp_path))
+    with pytest.raises(UsageError, match="unknown or unreachable pairs"):
+        patch.load_patch("park-odd")

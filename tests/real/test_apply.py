@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from toolkit import apply, build, check, patch
+from toolkit import apply, build, check, patch, sensitivity
 from toolkit.errors import LayoutError, RepoError
 
 from .conftest import clone, snapshot
@@ -52,6 +52,12 @@ def test_layout_matrix(trees, tmp_path, version):
     assert not ck.errors, ck.errors
     assert not ck.new_warnings, ck.new_warnings
     assert all(c.status == "pass" for c in ck.static), ck.static
+
+    # the perturbation harness (the witness's sensitivity, in every report) compiles against this
+    # tree's llama.h: A's has `flash_attn` where later trees have `flash_attn_type`
+    harness = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", f"-I{tree.path}/include",
+                              f"-I{tree.path}/ggml/include", str(sensitivity.SOURCE)], capture_output=True, text=True)
+    assert harness.returncode == 0, harness.stderr[-2000:]
 
     where, deleted = apply.revert(repo)
     assert where == "main" and deleted

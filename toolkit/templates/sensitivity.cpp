@@ -79,6 +79,14 @@ static std::vector<llama_token> generate(llama_seq_id seq, int n, bool stateful,
     return out;
 }
 
+// Flash attention off, in either spelling of llama_context_params: `flash_attn_type` (an enum whose
+// DISABLED is 0) since late 2025, the bool `flash_attn` before (layout A's trees). The unused
+// overload is never instantiated, so each tree compiles the one its header has.
+template <typename P> static auto flash_attn_off(P & p, int) -> decltype(p.flash_attn_type, void()) {
+    p.flash_attn_type = (decltype(p.flash_attn_type)) 0;
+}
+template <typename P> static void flash_attn_off(P & p, long) { p.flash_attn = false; }
+
 static int first_diff(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
     for (size_t i = 0; i < a.size() && i < b.size(); i++) if (a[i] != b[i]) return (int) i;
     return a.size() == b.size() ? -1 : (int) std::min(a.size(), b.size());
@@ -109,7 +117,7 @@ int main(int argc, char ** argv) {
     auto make_ctx = [&](int n_batch, int n_ubatch) {
         llama_context_params cp = llama_context_default_params();
         cp.n_ctx = 8192; cp.n_batch = n_batch; cp.n_ubatch = n_ubatch; cp.n_seq_max = 8;
-        cp.kv_unified = true; cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        cp.kv_unified = true; flash_attn_off(cp, 0);
         cp.n_threads = cp.n_threads_batch = 1; cp.swa_full = false;   // one thread: no spinning barrier on a busy machine
         return llama_init_from_model(model, cp);
     };
