@@ -97,9 +97,13 @@ def sampling_problems(run: Run) -> tuple[list[str], list[int]]:
     entries: dict[int, list[int]] = {}
     samples: dict[int, list[int]] = {}
     cells: dict[int, int] = {}
+    entry_step: dict[int, int] = {}   # slot -> the step of its last entry
+    step = -1
     for t in run.trace:
         if t.kind == "launch":
             first.setdefault(t.slot, t.task)
+        elif t.kind == "step":
+            step += 1
         elif t.kind in ("entry", "token") and first.get(t.slot) == t.task:
             if t.kind == "entry":
                 e = entries.setdefault(t.slot, [])
@@ -107,9 +111,18 @@ def sampling_problems(run: Run) -> tuple[list[str], list[int]]:
                     e.pop()  # the same token at the same cell count: the entry before was taken out of its
                              # batch undecoded (a preemption parked the slot) and is made again
                 cells[t.slot] = t.value
+                entry_step[t.slot] = step
                 e.append(t.token)
             else:
-                samples.setdefault(t.slot, []).append(t.token)
+                k, e = samples.setdefault(t.slot, []), entries.get(t.slot, [])
+                if e and k and entry_step.get(t.slot, step) < step and e[-1] != k[-1]:
+                    # a sample in a step where the slot had no entry, after its entries began: a
+                    # resume's own. A recompute that decoded the pending token with the history
+                    # (the fork's design, recompute-prefill-slot) samples its successor there: the
+                    # pending token was decoded once, by that prefill, with no entry line of its own
+                    e.append(k[-1])
+                    entry_step[t.slot] = step
+                k.append(t.token)
     problems, unjudged = [], []
     for slot in sorted(set(entries) | set(samples)):
         e, k = entries.get(slot, []), samples.get(slot, [])

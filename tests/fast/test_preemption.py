@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from toolkit import anchors, compare, measure, patch, referee, workload
+from toolkit import anchors, compare, measure, patch, referee, serverlog, workload
 from toolkit.errors import LayoutError, UsageError
 from toolkit.record import Outcome, Run, Trace
 
@@ -157,6 +157,24 @@ def test_an_undecoded_entry_made_again_is_one_sample_not_a_skipped_one():
     """upstream's log shows the parked slot's entry twice (taken out, made again at the same cell
     count): one decode, one sample; a re-entry one cell later would be a step without a sample."""
     assert compare.sampling(measure.measure(run(), WL)).status == "pass"
+
+
+def test_a_resume_that_prefilled_the_pending_token_is_one_decode_and_a_token_decoded_twice_is_not():
+    """recompute-prefill-slot (the fork's design): slot 0's entry for 7 decoded, 8 sampled, then
+    parked; its recompute decodes 8 with the history (no entry line for it) and samples 9 in a step
+    where the slot has no entry. One decode per sample: judged, not 'no entry for it' (that made
+    12 of the suite's workloads INCONCLUSIVE on that right patch, measured). A resume that enters
+    8 again (decoded twice) still fails."""
+    def trace(after_resume):
+        return (Trace("launch", 0, 100), Trace("token", 0, 100, 1, 5), Trace("step"), Trace("entry", 0, 100, 10, 5),
+                Trace("token", 0, 100, 2, 7), Trace("step"), Trace("entry", 0, 100, 11, 7), Trace("token", 0, 100, 3, 8),
+                Trace("step"), Trace("step"), Trace("token", 0, 100, 4, 9), Trace("step"),
+                Trace("entry", 0, 100, 13, after_resume), Trace("token", 0, 100, 5, 10))
+    right = dataclasses.replace(run(park_at=99), trace=trace(9))
+    assert serverlog.sampling_problems(right) == ([], [])
+    twice = dataclasses.replace(run(park_at=99), trace=trace(8))
+    assert serverlog.sampling_problems(twice)[0] == ["slot 0: decode #3 entered token 8, but its sample #3 was 9 "
+                                                     "(the previous token again: a step without a sample)"]
 
 
 # ------------------------------------------------------------------ renders

@@ -247,7 +247,10 @@ def test_ctrl_c(c2, c2_base, tmp_path, what, sigint):
     repo = clone(c2, tmp_path / "repo")
     if what == "build":
         f = tmp_path / "repo" / "tools/server/server-context.cpp"
-        f.write_text(f.read_text() + "\n// forces a recompile\n")
+        # a definition, not a comment, and unique to this run: ccache keys on the preprocessed
+        # text, so a comment (or an edit an earlier run made) would be a cache hit, and the
+        # build could end before there is a compiler to interrupt
+        f.write_text(f.read_text() + f'\nconst char * patchkit_ctrl_c_nonce = "{os.getpid()}-{time.time_ns()}";\n')
         repo.git.commit("-qam", "edit")
         args = ["build", "--repo", str(tmp_path / "repo"), "--build-dir", str(tmp_path / "ws")]
         marker = "configuring"

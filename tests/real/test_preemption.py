@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import git
 import pytest
 
-from toolkit import apply, measure, source, verify, workload
+from toolkit import apply, coverage, measure, overflows, source, verify, workload
 from toolkit.ui import UI
 
 from .conftest import broken_variant, clone, snapshot
@@ -40,6 +40,13 @@ def test_a_parked_request_resumes_byte_identical_to_its_control(trees, tmp_path,
         checks = {c.name: c for v in wr.verdicts if v.side == "candidate" for c in v.checks}
         assert checks["streams-exact"].status == "pass" and "resumed ones included" in checks["streams-exact"].detail
         assert run.pool_probe == "completed"
+        # each park placed in upstream's log and read as an overflow whose victim was parked (issue
+        # 34's pairs): the pool full at that step, the parked slot's entry in the batch
+        evs = overflows.parks_read_as_overflows(run, wr.workload)
+        assert sorted(e.terminated for e in evs) == sorted((s,) for s, v in ps.items() for _ in v), (evs, ps)
+        assert all(e.full and e.at(e.terminated[0]) for e in evs), [e.describe() for e in evs]
+    reached = [c.shape for c in res.pairs if c.by]
+    assert reached and set(reached) <= set(coverage.PAIRS), res.pairs
 
 
 @pytest.mark.parametrize("version", ["0.3.35", "0.3.36"], ids=["C2", "D"])

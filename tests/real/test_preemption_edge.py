@@ -23,7 +23,7 @@ import re
 import git
 import pytest
 
-from toolkit import apply, measure, pauses, source, verify, workload
+from toolkit import apply, measure, pauses, report, source, verify, workload
 from toolkit.ui import UI
 
 from .conftest import broken_variant
@@ -110,13 +110,18 @@ def test_hybrid_above_its_budget_recomputes_and_keeps_every_promise(c2, c2_base,
 
 def test_a_recompute_that_prefills_its_pending_token_passes(c2, c2_base, tmp_path):
     """The fork's design: it comes back holding one cell more than at the park (the pending token,
-    decoded with the history), and every stream is still exact. The check judges that property."""
-    res = judge(c2, tmp_path, "recompute-prefill-slot", ["overflow-4", "preempt-penalty-4"])
+    decoded with the history), and every stream is still exact. The check judges that property.
+    victim-decoded parks a slot whose entry was decoded before the pool ran out: its pending token
+    is then one it sampled in the park's step, decoded by the resume with no entry line of its own
+    (one-sample-per-entry said "no entry for it", INCONCLUSIVE, before it read the resume's sample)."""
+    res = judge(c2, tmp_path, "recompute-prefill-slot", ["overflow-4", "preempt-penalty-4", "victim-decoded"])
     assert res.ok, failures(res)
     for wr in res.results:
         ps = [p for v in measure.pauses(wr.candidate[0]).values() for p in v]
         assert ps and all(p.resumed and p.cells == p.cells_before + 1 for p in ps), ps
         assert checks(wr)["resumes-where-paused"].status == "pass"
+        assert checks(wr)["one-sample-per-entry"].status == "pass", checks(wr)["one-sample-per-entry"].detail
+    assert res.outcome == "PASS", report.summary_line(res)
 
 
 def test_a_request_parked_again_and_again_is_passed_over_after_its_third_park(c2, c2_base, tmp_path):
