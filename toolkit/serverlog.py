@@ -115,11 +115,13 @@ def sampling_problems(run: Run) -> tuple[list[str], list[int]]:
                 e.append(t.token)
             else:
                 k, e = samples.setdefault(t.slot, []), entries.get(t.slot, [])
-                if e and k and entry_step.get(t.slot, step) < step and e[-1] != k[-1]:
-                    # a sample in a step where the slot had no entry, after its entries began: a
-                    # resume's own. A recompute that decoded the pending token with the history
-                    # (the fork's design, recompute-prefill-slot) samples its successor there: the
-                    # pending token was decoded once, by that prefill, with no entry line of its own
+                if e and len(e) < len(k) and entry_step.get(t.slot, step) < step:
+                    # a sample in a step where the slot had no entry, after its entries began, while
+                    # its last sample has no entry yet: a resume's own. A recompute that decoded the
+                    # pending token with the history (the fork's design, recompute-prefill-slot)
+                    # samples its successor there: the pending token was decoded once, by that
+                    # prefill, with no entry line of its own. Counted, not compared: the pending
+                    # token may equal the one before it
                     e.append(k[-1])
                     entry_step[t.slot] = step
                 k.append(t.token)
