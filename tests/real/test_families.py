@@ -82,13 +82,16 @@ def test_real_model_text_workload(c2, tmp_path):
     assert not any(o.outcome == "rejected" for r in wr.base + wr.candidate for o in r.outcomes)
 
 
-def test_an_n_cmpl_family_ends_as_one_request(c2_base, c2_patched, tmp_path):
+def test_an_n_cmpl_family_ends_as_one_request(c2, c2_base, c2_patched, tmp_path):
     """n_cmpl (issue 18): a request of n_cmpl = 2 puts a child in a free slot, sharing the parent's
     prompt cells. Decided: each member counts its own cached tokens (the shared prompt included),
     and no family code: terminating a member ends the family's one HTTP response, and the server
     then cancels the sibling itself. Measured on the real server, from its own log: base fails
     every request; the candidate terminates the family's pinned slot (the most cells by that
-    count) once, the child is released right after, no second overflow, both others complete."""
+    count) once, the child is released right after, no second overflow, both others complete.
+    The generic verdict models the child (its own cells, beyond the shared prompt): it judged the
+    pool's accounting incomplete (the child's cells "taken by no slot in play") and FAILED this
+    right eviction with one-victim-per-overflow; now the same workload PASSES `verify`."""
     from pathlib import Path
 
     from toolkit import model, runner
@@ -117,6 +120,8 @@ def test_an_n_cmpl_family_ends_as_one_request(c2_base, c2_patched, tmp_path):
     child = next(s for s in launches if s not in outs)
     ev, = measure.overflows(cand, wl)          # one overflow in the whole run: nothing came back short
     assert ev.terminated == (0,)
+    # every taken cell is a slot's: the child's own (it generated beside its parent) are counted
+    assert ev.full and not ev.leaked, ev.describe()
     cells = {s.slot: s.cells for s in ev.in_play}
     # its own count: the shared prompt and its own tokens, more than either plain request holds
     assert cells[0] == max(cells.values()) > len(family.prompt), cells
@@ -126,6 +131,9 @@ def test_an_n_cmpl_family_ends_as_one_request(c2_base, c2_patched, tmp_path):
     assert kinds[first_error] == ("error", launches[0])
     assert ("release", child) in kinds[first_error:]
     assert [k for k in kinds if k[0] == "error"] == [("error", launches[0])], kinds
+    res = verify.verify(git.Repo(c2.path), base_ref="patchkit-baseline", workloads=[wl], out_dir=tmp_path / "v",
+                        ui=UI(quiet=True))
+    assert res.ok, failures(res)
 
 
 def test_an_n_cmpl_family_goes_on_after_an_eviction_and_its_waiting_child_is_no_victim(c2, c2_base, tmp_path):
