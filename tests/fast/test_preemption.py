@@ -720,6 +720,9 @@ def test_a_preemption_familys_promised_pairs_gate_its_suite_and_the_rest_are_lis
     assert f"pairs reached 7/10 (7/8 promised, not reached: {promised[0]})" in report.summary_line(res)
     # without a promise a preemption's pairs are listed only
     assert dataclasses.replace(res, pairs_promised=None).outcome == "PASS"
+    # under another policy too: the promise was measured under the largest policy the suite is sized for
+    other = dataclasses.replace(res, policy="smallest")
+    assert other.outcome == "PASS" and "promised" not in report.summary_line(other)
 
 
 def test_a_family_promising_a_pair_no_batch_can_hold_is_refused(tmp_path, monkeypatch):
