@@ -243,12 +243,18 @@ def _parks(run: Run) -> list[tuple[int, int, list[int], float]]:
         if len(parked) != 1 or not 0 <= step < len(at):
             continue
         end = at[step + 1] if step + 1 < len(at) else len(tr)
-        calls, last_try = [], 0
+        # (index, offset) of each batch of 1 that failed after a retry with n_batch = 1 at `offset`
+        tries, last_try = [], None
         for k in range(at[step], end):
             if tr[k].kind == "retry":
-                last_try = tr[k].token
-            elif tr[k].kind == "batch" and tr[k].value == 1 and last_try == 1:
-                calls.append(k + 1)
+                last_try = (tr[k].token, tr[k].value)
+            elif tr[k].kind == "batch" and tr[k].value == 1 and last_try and last_try[0] == 1:
+                tries.append((k, last_try[1]))
+        # the failure was that try's only if the next retry (if any) names the same offset: a try at
+        # n_batch 1 that succeeded moves on to the next entry, which may fail as a batch of 1 too (D,
+        # measured: off 2 decoded at n_batch 1, then off 3 failed at the full n_batch, "off = 3")
+        calls = [k + 1 for k, off in tries
+                 if next((x.value for x in tr[k + 1:end] if x.kind == "retry"), off) == off]
         if len(calls) == 1:
             out.append((calls[0], calls[0], [parked[0][0]], parked[0][1]))
     return out

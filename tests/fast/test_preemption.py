@@ -670,13 +670,16 @@ def test_park_whole_pools_shape_is_a_slot_parked_past_a_resumes_headroom():
     assert measure.designed_park(run(park_at=99), wl) == []
 
 
-def with_park_failure(r, off=0, tries=1):
+def with_park_failure(r, off=0, tries=1, decoded_before=False):
     """Upstream's last try in the park's step (step 3): its retry at n_batch 1 at `off`, then the
-    batch of 1 that did not fit, after which the patch's handler runs; `tries` of them."""
+    batch of 1 that did not fit, after which the patch's handler runs; `tries` of them.
+    `decoded_before`: first a try at n_batch 1 at off - 1 that succeeded, and the next entry's
+    batch of 1 failing at the full n_batch (D resets it after a success)."""
     trace = list(r.trace)
     at = [i for i, t in enumerate(trace) if t.kind == "step"][4]   # the step after the park's
-    trace[at:at] = [Trace("retry", value=off, token=2), Trace("batch", value=2),
-                    Trace("retry", value=off, token=1), Trace("batch", value=1)] * tries
+    trace[at:at] = ([Trace("retry", value=off - 1, token=1), Trace("batch", value=1)] if decoded_before else []) + \
+        [Trace("retry", value=off, token=2), Trace("batch", value=2),
+         Trace("retry", value=off, token=1), Trace("batch", value=1)] * tries
     return dataclasses.replace(r, trace=tuple(trace))
 
 
@@ -695,6 +698,11 @@ def test_a_park_is_read_as_an_overflow_whose_victim_was_parked():
     # in upstream's log): no overflow read, so no pair credited
     assert overflows.parks_read_as_overflows(run(), WL) == ()
     assert overflows.parks_read_as_overflows(with_park_failure(run(), tries=2), WL) == ()
+    # a try at n_batch 1 that succeeded, then the next entry's batch of 1 failing at the full n_batch:
+    # not the handler's call (the next retry names the next offset). Read as two calls, the park was
+    # left out (a clean-clone CI run on D: "assert [] == [(3,)]")
+    (ev,) = overflows.parks_read_as_overflows(with_park_failure(run(), off=1, decoded_before=True), WL)
+    assert ev.off == 1 and coverage.overflow_pairs(ev) == {"victim undecoded 0 x survivor after, undecoded 1"}
     # and the table of a preemption run counts it
     got = {c.shape: c.by for c in coverage.pair_matrix([("w run 1", with_park_failure(run()), WL)], "largest",
                                                        "preemption")}
