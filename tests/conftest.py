@@ -9,6 +9,8 @@ import uuid
 
 import pytest
 
+from toolkit import runner
+
 # pyproject turns on live INFO logging for patchkit's progress; httpx would log every /slots poll
 for noisy in ("httpx", "httpcore", "git"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -78,6 +80,14 @@ def _tail(path: str) -> None:
 
 def pytest_configure(config):
     workers = getattr(config.option, "numprocesses", None)
+    if not WORKER and not os.environ.get(runner.SHARED_ENV):
+        # every comparison against one base in this session reads that base's runs once measured
+        # (toolkit/runner.py `shared`), in every worker and every `patchkit` subprocess: they inherit it
+        import shutil
+        import tempfile
+        where = tempfile.mkdtemp(prefix="patchkit-test-runs-")
+        os.environ[runner.SHARED_ENV] = where
+        config.add_cleanup(lambda: shutil.rmtree(where, ignore_errors=True))
     if WORKER and os.environ.get(RELAY_ENV):
         logging.getLogger().addHandler(_Relay(os.environ[RELAY_ENV]))
     elif not WORKER and workers:

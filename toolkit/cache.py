@@ -36,11 +36,14 @@ def digest(*items: object, n: int = 16) -> str:
     return h.hexdigest()[:n]
 
 
-def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+def write_atomic(path: Path, text: str | bytes, mode: int | None = None) -> None:
     """Write a cache entry whole or not at all: two processes (xdist workers, a CLI subprocess)
     may make the same entry at once, and a reader must never see half of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text)
+    if isinstance(text, bytes):
+        tmp.write_bytes(text)
+    else:
+        tmp.write_text(text)
     if mode is not None:
         tmp.chmod(mode)
     os.replace(tmp, path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import pickle
 import threading
 import time
 from dataclasses import replace
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from . import measure
+from . import cache, measure
 from . import model as model_mod
 from .errors import UsageError
 from .exchange import exchange
@@ -110,6 +111,34 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
             return replace(r, attempts=attempt, earlier=tuple(earlier))
         earlier.append(replace(r, attempts=attempt))
     raise AssertionError("unreachable")
+
+
+# A job that judges many candidates against one base (a test session, a CI matrix) measures each
+# reference run once: with PATCHKIT_SHARED_RUNS naming a directory, a base or control run is kept
+# there under what makes it the same measurement (the binary's identity, the model's, the workload
+# as served, the policy its starts were shaped for, its index among the repeats, the start cap) and
+# read back by every later comparison against that base, in any process of the job. The candidate's
+# runs are never shared: they are what is judged. The mutation campaign does the same in-process.
+SHARED_ENV = "PATCHKIT_SHARED_RUNS"
+
+
+def shared(kind: str, binary: Path, model: Path, wl: Workload, index: int, policy: str, make) -> tuple[Run, bool]:
+    """(the run, whether it was read back): `make()` once per key while PATCHKIT_SHARED_RUNS is set."""
+    where = os.environ.get(SHARED_ENV)
+    if not where:
+        return make(), False
+    stamps = [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in (Path(binary), Path(model))]
+    path = Path(where) / f"{cache.digest(kind, stamps, repr(wl), index, policy, os.environ.get('PATCHKIT_ATTEMPTS'))}.pickle"
+    try:
+        r, kept = pickle.loads(path.read_bytes()), True
+    except (OSError, EOFError, pickle.UnpicklingError):
+        r, kept = make(), False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_atomic(path, pickle.dumps(r))
+    # what the job shared, one line per use (bench/first_run.py counts it): read or made, and how long
+    with open(Path(where) / "ledger", "a") as fh:
+        fh.write(f"{'read' if kept else 'made'} {kind} {wl.name} {index} {r.wall:.3f}\n")
+    return r, kept
 
 
 # A verbose log past this size while requests wait means the server loops without progress (a slot

@@ -21,6 +21,7 @@ from . import compare, measure, model, promises, upstream_unified
 from . import coverage as coverage_mod
 from .record import Run
 from .runner import run as run_workload
+from .runner import shared as shared_run
 from .workload import Workload
 from .workload import load as load_workload
 from .ui import log_progress
@@ -112,6 +113,7 @@ class Result:
 
 
 Say = Callable[[str], None]
+SHARED_NOTE = "  read back: measured earlier in this job (PATCHKIT_SHARED_RUNS)"
 
 
 def judge(wl: Workload, side: str, run: Run, index: int = 0, control: Run | None = None, policy: str = "largest",
@@ -179,8 +181,11 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
             say(f"[{wl.name}] {b_name} runs and control: made once for this base, reused")
         elif cand_bin and wl.expect.integrity:
             say(f"[{wl.name}] control run (no overflow, {b_name} binary)")
-            control = run_workload(base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
-                                   draft=draft.path if draft else None, want_shape=False)
+            control, kept = shared_run("control", base_bin.binary, tiny.path, wl, 0, policy, lambda: run_workload(
+                base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
+                draft=draft.path if draft else None, want_shape=False))
+            if kept:
+                say(SHARED_NOTE)
         if not shared:
             base_runs = []
         cand_runs = []
@@ -190,8 +195,12 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         for k in range(repeat):
             if not shared:
                 say(f"[{wl.name}] {b_name} run {k + 1}/{repeat}")
-                base_runs.append(run_workload(base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
-                                              draft=draft.path if draft else None, policy=policy))
+                r, kept = shared_run("base", base_bin.binary, tiny.path, wl, k, policy, lambda: run_workload(
+                    base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
+                    draft=draft.path if draft else None, policy=policy))
+                if kept:
+                    say(SHARED_NOTE)
+                base_runs.append(r)
             if cand_bin:
                 say(f"[{wl.name}] {c_name} run {k + 1}/{repeat}")
                 cand_runs.append(run_workload(cand_bin.binary, tiny.path, wl,
@@ -210,7 +219,10 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         probe = load_workload(PROBE)
         say(f"[{PROBE}] probe runs (measure whether each side evicts; not judged)")
         pm = models[model_name] if model_name else model.resolve(probe.model, say)
-        measured.append((probe, [run_workload(base_bin.binary, pm.path, probe, work_dir / "probe.base.log")],
+        # the base's probe is its overflow-4 run (shared with any suite run of it in this job)
+        base_probe, _ = shared_run("base", base_bin.binary, pm.path, probe, 0, "largest", lambda: run_workload(
+            base_bin.binary, pm.path, probe, work_dir / "probe.base.log"))
+        measured.append((probe, [base_probe],
                          [run_workload(cand_bin.binary, pm.path, probe, work_dir / "probe.candidate.log")]))
     timings.append(("workloads", time.monotonic() - t_runs))
 

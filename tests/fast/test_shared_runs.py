@@ -1,0 +1,48 @@
+"""PATCHKIT_SHARED_RUNS: a job's reference runs (base, control) measured once per what makes them
+the same measurement, read back by every later comparison; nothing shared without it."""
+import os
+
+from toolkit import runner, workload
+from toolkit.record import Run
+
+
+def _made(calls: list, wall: float = 0.5):
+    def make() -> Run:
+        calls.append(1)
+        return Run("overflow-4", (), (), (), True, True, None, wall + len(calls), f"made-{len(calls)}.log")
+    return make
+
+
+def test_a_reference_run_is_made_once_per_binary_model_workload_index_and_policy(tmp_path, monkeypatch):
+    binary, model = tmp_path / "llama-server", tmp_path / "m.gguf"
+    binary.write_bytes(b"server one")
+    model.write_bytes(b"model")
+    wl = workload.load("overflow-4")
+    calls: list = []
+
+    monkeypatch.delenv(runner.SHARED_ENV, raising=False)
+    for _ in range(2):
+        assert runner.shared("base", binary, model, wl, 0, "largest", _made(calls))[1] is False
+    assert len(calls) == 2, "without the variable every run is made"
+
+    monkeypatch.setenv(runner.SHARED_ENV, str(tmp_path / "shared"))
+    calls.clear()
+    first, kept = runner.shared("base", binary, model, wl, 0, "largest", _made(calls))
+    again, kept_again = runner.shared("base", binary, model, wl, 0, "largest", _made(calls))
+    assert (kept, kept_again, len(calls)) == (False, True, 1) and again == first
+    # each of these is another measurement, so it is made
+    runner.shared("control", binary, model, wl, 0, "largest", _made(calls))       # another kind
+    runner.shared("base", binary, model, wl, 1, "largest", _made(calls))          # the next repeat
+    runner.shared("base", binary, model, wl, 0, "smallest", _made(calls))         # starts shaped for another victim
+    runner.shared("base", binary, model, workload.load("overflow-8"), 0, "largest", _made(calls))
+    monkeypatch.setenv("PATCHKIT_ATTEMPTS", "1")
+    runner.shared("base", binary, model, wl, 0, "largest", _made(calls))          # a start cap
+    monkeypatch.delenv("PATCHKIT_ATTEMPTS")
+    assert len(calls) == 6
+    binary.write_bytes(b"server two, rebuilt in place")                           # the same path, other bytes
+    os.utime(binary, ns=(1, 1))
+    assert runner.shared("base", binary, model, wl, 0, "largest", _made(calls))[1] is False
+    assert len(calls) == 7
+    ledger = (tmp_path / "shared" / "ledger").read_text().splitlines()
+    assert ledger[:2] == ["made base overflow-4 0 1.500", "read base overflow-4 0 1.500"], ledger
+    assert sum(line.startswith("made") for line in ledger) == 7
