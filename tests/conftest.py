@@ -101,11 +101,19 @@ def pytest_configure(config):
         threading.Thread(target=_watchdog, daemon=True, name="quiet-watchdog").start()
 
 
-# The longest files, started first: under `--dist loadfile` a file runs in one process, in the
-# collection's order, so one scheduled last runs alone at the end (measured: test_operators, ~4 min
-# alone at the tail of a run beside two hogs). Longest first, from docs/measured.md's table.
-LONG_FIRST = ("test_operators.py", "test_traffic.py", "test_family_folder.py", "test_export.py",
-              "test_gate.py", "test_verify.py")
+# Every real file by its measured time, longest first (a warm clean-clone run, docs/measured.md):
+# under `--dist loadfile` a file runs in one process, in the collection's order, so the longest-first
+# order leaves short files for the end, where two processes finish within seconds of each other
+# (measured: test_operators ~4 min alone at the tail under xdist's default; test_witness and
+# test_reviewer_path 2 min alone at the tail with only the six longest ranked). A file not listed
+# runs after these.
+LONG_FIRST = ("test_operators.py", "test_traffic.py", "test_preemption_edge.py", "test_families.py",
+              "test_apply.py", "test_export.py", "test_verify.py", "test_gate.py", "test_faults.py",
+              "test_family_folder.py", "test_reviewer_path.py", "test_random_workloads.py", "test_preemption.py",
+              "test_witness.py", "test_mutants.py", "test_cli_options.py", "test_upstream.py", "test_metrics.py",
+              "test_promises.py", "test_pin_gate.py", "test_first_hour.py", "test_foundation.py",
+              "test_outcomes.py", "test_referee_candidate.py", "test_report_html.py", "test_upstream_unified.py",
+              "test_nightly_mix.py")
 
 
 def pytest_collection_modifyitems(items):

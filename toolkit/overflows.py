@@ -267,8 +267,8 @@ def _children(step: list, wl: Workload, outs: dict) -> dict[int, int]:
     Left out, a family generating at the failure looked like cells taken by no slot in play, and
     one-victim-per-overflow FAILED a right eviction (measured on C2: a family of prompt 800 beside
     a plain request, 40 cells "leaked", the child's), and its entry was not counted in the batch
-    positions. With several families a child's parent is not told apart: none is modelled (the
-    accounting then says what it cannot see)."""
+    positions. One family per workload: workload.parse refuses several (a child's family is not
+    told apart)."""
     parents = [r.slot for r in wl.requests if r.n_cmpl > 1 and r.slot in outs]
     if len(parents) != 1:
         return {}

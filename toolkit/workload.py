@@ -228,6 +228,15 @@ def parse(data: dict, path: Path | None = None) -> Workload:
     slots = [r.slot for r in reqs]
     if len(set(slots)) != len(slots) or any(not 0 <= s < flags.parallel for s in slots):
         raise ValueError(f"request slots {slots} must be distinct and within 0..{flags.parallel - 1}")
+    families = [r.slot for r in reqs if r.n_cmpl > 1]
+    if len(families) > 1:
+        # measured (C2, the default patch, two families beside two plain requests): one family's child
+        # took the slot the other family was pinned to, and a right eviction FAILED
+        raise ValueError(f"requests on slots {families} are each an n_cmpl family, and patchkit judges one family "
+                         "per workload: the server puts a family's children in whichever slots are free at its launch "
+                         "(a slot another request is pinned to included), and the checks do not tell which family a "
+                         "child belongs to, so its cells would be read as nobody's and a right eviction would FAIL "
+                         "(measured on C2). Put each family in a workload of its own")
     for r in reqs:
         if r.after and (len(r.after) != 2 or r.after[0] not in slots or r.after[0] == r.slot or r.after[1] < 1
                         or any(q.slot == r.after[0] and q.after for q in reqs)):

@@ -46,3 +46,13 @@ def test_a_reference_run_is_made_once_per_binary_model_workload_index_and_policy
     ledger = (tmp_path / "shared" / "ledger").read_text().splitlines()
     assert ledger[:2] == ["made base overflow-4 0 1.500", "read base overflow-4 0 1.500"], ledger
     assert sum(line.startswith("made") for line in ledger) == 7
+
+
+def test_every_real_file_has_its_place_in_the_longest_first_order():
+    """A real file left out of tests/conftest.py's LONG_FIRST runs after all of them: a long one
+    added there would run alone at the tail of every CI run."""
+    from pathlib import Path
+
+    from tests import conftest
+    real = {p.name for p in (Path(__file__).parent.parent / "real").glob("test_*.py")}
+    assert real == set(conftest.LONG_FIRST), (real ^ set(conftest.LONG_FIRST))

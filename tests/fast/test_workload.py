@@ -56,6 +56,10 @@ def test_prompt_ids_are_deterministic_and_never_special():
      "[[requests]]\nslot=1\nprompt_len=3\nn_predict=1\nafter=[0, 0]\n", "1 token or more"),
     ("name='x'\n[server]\nctx=128\nparallel=2\n[[requests]]\nslot=0\nprompt_len=3\nn_predict=1\nafter=[1, 2]\n"
      "[[requests]]\nslot=1\nprompt_len=3\nn_predict=1\nafter=[0, 2]\n", "itself starts without `after`"),
+    # two n_cmpl families: a child may take the other's pinned slot, and the checks cannot tell whose
+    # it is (measured: a right eviction FAILED); one family beside plain requests loads (the fixtures)
+    ("name='x'\n[server]\nctx=1024\nparallel=6\n[[requests]]\nslot=0\nprompt_len=3\nn_predict=1\nn_cmpl=2\n"
+     "[[requests]]\nslot=2\nprompt_len=3\nn_predict=1\nn_cmpl=2\n", "judges one family per workload"),
 ])
 def test_invalid_workload_is_refused_clearly(tmp_path, text, needle):
     p = tmp_path / "bad.toml"
