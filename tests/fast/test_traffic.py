@@ -125,6 +125,25 @@ def test_two_requests_ended_by_one_overflow_fail_and_no_overflow_is_inconclusive
     assert traffic.judge(_t(), _run(ok, overflows=(), pressure=2), ctl).outcome == "PASS"
 
 
+def test_a_start_whose_pool_never_ran_out_is_made_again_and_an_earlier_starts_failure_is_kept():
+    """compare() makes a run again while its pool never ran out (at most STARTS in all); of the
+    starts, the first with a failed check is reported, else the last, with the count."""
+    ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q")]
+    ctl = {"p0": "abcd", "p1": "q"}
+    idle = traffic.judge(_t(), _run(ok, overflows=(), pressure=0), ctl)
+    reached = traffic.judge(_t(), _run(ok, overflows=(1,), pressure=2), ctl)
+    wrong = traffic.judge(_t(), _run([_a(0, 0, 0, "p0", "abcX"), _a(1, 0, 0, "p1", "q")], overflows=(), pressure=0), ctl)
+    assert (idle.outcome, reached.outcome, wrong.outcome) == ("INCONCLUSIVE", "PASS", "FAIL")
+    got = traffic.reported([idle, reached])
+    assert (got.outcome, got.starts, got.run.pressure) == ("PASS", 2, 2)
+    got = traffic.reported([wrong, reached])
+    assert (got.outcome, got.starts) == ("FAIL", 2), "an earlier start's evidence is never dropped"
+    got = traffic.reported([idle] * traffic.STARTS)
+    assert (got.outcome, got.starts) == ("INCONCLUSIVE", traffic.STARTS)
+    assert traffic.reported([reached]).starts == 1
+    assert "3 starts made" in "\n".join(traffic._side_text("candidate", got, _t()))
+
+
 def test_a_preemption_family_promises_no_request_ends():
     ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q")]
     ctl = {"p0": "abcd", "p1": "q"}

@@ -209,3 +209,20 @@ def test_refusals_name_the_conflict_and_build_nothing(tmp_path):
     res = patchkit("traffic", "--workload", "nope")
     assert res.returncode == 2 and "no traffic workload 'nope'. Known: lemonade-3276" in res.stderr, res.stderr
     assert not (tmp_path / "traffic.json").exists()
+
+
+def test_a_traffic_whose_pool_never_runs_out_is_made_again_then_inconclusive(c2_base, c2_patched, tmp_path):
+    """Two short chats on a roomy pool: the pool cannot run out, whatever the timing, so each start
+    is made again up to traffic.STARTS and the run is INCONCLUSIVE (exit 11), never PASS or FAIL."""
+    from toolkit import traffic
+    f = tmp_path / "roomy.toml"
+    f.write_text('name = "roomy"\ndescription = "two short chats on a pool that holds them ten times"\n'
+                 'cite = "-"\nsizing = "2 x ~40 cells of 1024"\nctx = 1024\nparallel = 2\nusers = 2\nturns = 1\n'
+                 'user_chars = [20, 24]\nreply_tokens = [8, 8]\nthink_s = [0.0, 0.0]\nseed = 5\n')
+    res = patchkit("traffic", "--workload", str(f), "--candidate-only", "--json", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 11, res.stderr[-2000:]
+    _, cand = sides(json.loads(res.stdout), "roomy")
+    assert cand["starts"] == traffic.STARTS and cand["pressure"] == 0 and not cand["overflows"], cand
+    assert {c["name"]: c["status"] for c in cand["checks"]}["one-victim-per-overflow"] == "inconclusive"
+    assert sorted(p.name for p in (tmp_path / "r").rglob("roomy.candidate*.log")) == [
+        "roomy.candidate.log", "roomy.candidate.start2.log", "roomy.candidate.start3.log"]
