@@ -222,3 +222,33 @@ def test_checks_without_evidence_skip_or_fail_never_pass(c2, c2_base, c2_patched
     # the summary line shows what was skipped, by name, and what failed
     line = next(x for x in res.stdout.splitlines() if "checks passed" in x)
     assert "skipped: " in line and "no-sanitizer-findings x" in line and "1 failed: witness-agrees" in line, line
+
+
+def test_a_jobs_second_verify_reads_the_base_runs_back_and_makes_the_candidates(c2, c2_base, c2_patched, tmp_path):
+    """PATCHKIT_SHARED_RUNS through the command a CI job types: the first verify against a base makes
+    its control and base runs, the second reads them back (same verdict), the candidate's are made
+    by both; without the variable nothing is read back."""
+    import os
+    import subprocess
+    import sys
+
+    def verify_cli(shared: str | None, k: int):
+        env = {k: v for k, v in os.environ.items() if k != runner.SHARED_ENV}
+        if shared:
+            env[runner.SHARED_ENV] = shared
+        return subprocess.run([sys.executable, "-m", "toolkit", "verify", "--workload", "victim-first",
+                               "--report-dir", str(tmp_path / f"r{k}")], capture_output=True, text=True, env=env)
+    jobs = str(tmp_path / "job")
+    first, second, alone = verify_cli(jobs, 1), verify_cli(jobs, 2), verify_cli(None, 3)
+    for res in (first, second, alone):
+        assert res.returncode == 0, res.stderr[-2000:]
+    said = [res.stdout + res.stderr for res in (first, second, alone)]
+    assert verify.SHARED_NOTE.strip() not in said[0] and verify.SHARED_NOTE.strip() not in said[2]
+    assert said[1].count(verify.SHARED_NOTE.strip()) == 2, said[1][-3000:]   # the control, the base run
+    ledger = (tmp_path / "job" / "ledger").read_text().split()
+    assert ledger[0::5] == ["made", "made", "read", "read"] and ledger[1::5] == ["control", "base", "control", "base"]
+    import json
+    a, b = (json.loads((tmp_path / f"r{k}" / "report.json").read_text()) for k in (1, 2))
+    wa, wb = a["workloads"]["victim-first"], b["workloads"]["victim-first"]
+    assert wa["base"] == wb["base"] and wa["control"] == wb["control"], "read back, not made again"
+    assert wa["candidate"][0]["log"] != wb["candidate"][0]["log"], "each verify makes its candidate's runs"
