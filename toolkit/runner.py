@@ -135,7 +135,7 @@ def shared(kind: str, binary: Path, model: Path, wl: Workload, index: int, polic
         r, kept = make(), False
         path.parent.mkdir(parents=True, exist_ok=True)
         cache.write_atomic(path, pickle.dumps(r))
-    # what the job shared, one line per use (bench/first_run.py counts it): read or made, and how long
+    # what the job shared, one line per use (bench/first_run.py counts them): read or made, and how long
     with open(Path(where) / "ledger", "a") as fh:
         fh.write(f"{'read' if kept else 'made'} {kind} {wl.name} {index} {r.wall:.3f}\n")
     return r, kept

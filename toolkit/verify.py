@@ -181,7 +181,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
             say(f"[{wl.name}] {b_name} runs and control: made once for this base, reused")
         elif cand_bin and wl.expect.integrity:
             say(f"[{wl.name}] control run (no overflow, {b_name} binary)")
-            control, kept = shared_run("control", base_bin.binary, tiny.path, wl, 0, policy, lambda: run_workload(
+            # a control's start is not shaped: no policy in its key
+            control, kept = shared_run("control", base_bin.binary, tiny.path, wl, 0, "-", lambda: run_workload(
                 base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
                 draft=draft.path if draft else None, want_shape=False))
             if kept:
