@@ -122,23 +122,42 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
 SHARED_ENV = "PATCHKIT_SHARED_RUNS"
 
 
+def _key(kind: str, binary: Path, model: Path, wl: Workload, index: int, policy: str, extra: object = None) -> str:
+    stamps = [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in (Path(binary), Path(model))]
+    return cache.digest(kind, stamps, repr(wl), index, policy, os.environ.get("PATCHKIT_ATTEMPTS"), extra)
+
+
 def shared(kind: str, binary: Path, model: Path, wl: Workload, index: int, policy: str, make) -> tuple[Run, bool]:
     """(the run, whether it was read back): `make()` once per key while PATCHKIT_SHARED_RUNS is set."""
     where = os.environ.get(SHARED_ENV)
     if not where:
         return make(), False
-    stamps = [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in (Path(binary), Path(model))]
-    path = Path(where) / f"{cache.digest(kind, stamps, repr(wl), index, policy, os.environ.get('PATCHKIT_ATTEMPTS'))}.pickle"
+    key = _key(kind, binary, model, wl, index, policy)
+    path = Path(where) / f"{key}.pickle"
     try:
         r, kept = pickle.loads(path.read_bytes()), True
     except (OSError, EOFError, pickle.UnpicklingError):
         r, kept = make(), False
         path.parent.mkdir(parents=True, exist_ok=True)
         cache.write_atomic(path, pickle.dumps(r))
-    # what the job shared, one line per use (bench/first_run.py counts them): read or made, and how long
-    with open(Path(where) / "ledger", "a") as fh:
-        fh.write(f"{'read' if kept else 'made'} {kind} {wl.name} {index} {r.wall:.3f}\n")
+    _ledger(where, "read" if kept else "made", kind, wl, index, r, key)
     return r, kept
+
+
+def made(kind: str, binary: Path, model: Path, wl: Workload, index: int, policy: str, r: Run, extra: object) -> None:
+    """A run that is never shared (a candidate's), written in the job's ledger under the key it would
+    have (`extra`: what else sets it apart, the candidate's environment and flags): how often a job
+    makes the very same candidate run is measured, not guessed."""
+    where = os.environ.get(SHARED_ENV)
+    if where:
+        _ledger(where, "made", kind, wl, index, r, _key(kind, binary, model, wl, index, policy, extra))
+
+
+def _ledger(where: str, use: str, kind: str, wl: Workload, index: int, r: Run, key: str) -> None:
+    # one line per use (bench/first_run.py and tests/conftest.py count them): read or made, and how long
+    Path(where).mkdir(parents=True, exist_ok=True)
+    with open(Path(where) / "ledger", "a") as fh:
+        fh.write(f"{use} {kind} {wl.name} {index} {r.wall:.3f} {key}\n")
 
 
 # A verbose log past this size while requests wait means the server loops without progress (a slot

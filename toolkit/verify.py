@@ -22,6 +22,7 @@ from . import coverage as coverage_mod
 from .record import Run
 from .runner import run as run_workload
 from .runner import shared as shared_run
+from . import runner as runner_mod
 from .workload import Workload
 from .workload import load as load_workload
 from .ui import log_progress
@@ -209,6 +210,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                                               draft=draft.path if draft else None, policy=policy,
                                               probe_pool=True,  # every cell back: preemption's promise
                                               env=candidate_env, extra_args=candidate_args, timeout=wait))
+                runner_mod.made("candidate", cand_bin.binary, tiny.path, wl, k, policy, cand_runs[-1],
+                                (sorted((candidate_env or {}).items()), candidate_args, wait))
         if reuse is not None:
             reuse[(str(base_bin.binary), wl.name, repeat)] = (control, base_runs)
         recorded.append((wl, tiny, control, base_runs, cand_runs))

@@ -43,9 +43,17 @@ def test_a_reference_run_is_made_once_per_binary_model_workload_index_and_policy
     os.utime(binary, ns=(1, 1))
     assert runner.shared("base", binary, model, wl, 0, "largest", _made(calls))[1] is False
     assert len(calls) == 7
-    ledger = (tmp_path / "shared" / "ledger").read_text().splitlines()
-    assert ledger[:2] == ["made base overflow-4 0 1.500", "read base overflow-4 0 1.500"], ledger
-    assert sum(line.startswith("made") for line in ledger) == 7
+    ledger = [line.split() for line in (tmp_path / "shared" / "ledger").read_text().splitlines()]
+    assert [u[:5] for u in ledger[:2]] == [["made", "base", "overflow-4", "0", "1.500"],
+                                          ["read", "base", "overflow-4", "0", "1.500"]], ledger
+    assert ledger[0][5] == ledger[1][5] and len({u[5] for u in ledger}) == 7 == sum(u[0] == "made" for u in ledger)
+    # a candidate's run is never read back, only written down under its key (its environment and flags in it)
+    run = Run("overflow-4", (), (), (), True, True, None, 0.25, "c.log")
+    for extra in ((), (), (("MUTANT", "3"),)):
+        runner.made("candidate", binary, model, wl, 0, "largest", run, extra)
+    cands = [u for u in (line.split() for line in (tmp_path / "shared" / "ledger").read_text().splitlines())
+             if u[1] == "candidate"]
+    assert [u[0] for u in cands] == ["made"] * 3 and cands[0][5] == cands[1][5] != cands[2][5]
 
 
 def test_every_real_file_has_its_place_in_the_longest_first_order():
