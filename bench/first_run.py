@@ -9,7 +9,7 @@ test`) in the order given, every output line (stdout and stderr, merged) timesta
 first-run.log. Printed per command: wall time, exit code, the longest silences with the line
 before and after each, and every line a user would read as a failure (a traceback, a `fatal:`);
 for `test`, pytest's 30 slowest phases (a `setup` row is a shared fixture's build, a `call` row a
-test's own run) and how many reference runs the session made and read back (PATCHKIT_SHARED_RUNS).
+test's own run) and the session's line on the runs it shared (tests/conftest.py, PATCHKIT_SHARED_RUNS).
 
 --cache DIR: PATCHKIT_CACHE (default: under the fresh HOME, i.e. empty). Run it alone: a second
 job beside it changes every figure.
@@ -49,7 +49,7 @@ def run(cmd: list[str], cwd: Path, env: dict, log, t0: float) -> dict:
             in_durations = True
         elif in_durations and line.startswith("="):
             in_durations = False
-        if in_durations:
+        if in_durations or line.startswith("runs shared by this session:"):
             durations.append(line)
         last, prev = now, line
     rc = p.wait()
@@ -76,9 +76,6 @@ def main() -> int:
                VIRTUAL_ENV=str(venv))
     if args.cache:
         env["PATCHKIT_CACHE"] = str(args.cache.resolve())
-    # the test session's shared reference runs, kept here (not in a temporary directory the session
-    # removes) so their ledger can be counted after it
-    env["PATCHKIT_SHARED_RUNS"] = str(top / "shared-runs")
     print(f"fresh HOME {home}, venv {venv}, clone {clone} (HEAD {subprocess.run(['git', '-C', clone, 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()})")
     results = []
     t0 = time.monotonic()
@@ -97,12 +94,6 @@ def main() -> int:
             print(f"    {gap:6.1f} s  after: {before[:110]}\n{'':17}before: {after[:110]}")
         for d in r["durations"]:
             print(f"  {d}")
-    ledger = top / "shared-runs" / "ledger"
-    if ledger.exists():
-        uses = [line.split() for line in ledger.read_text().splitlines()]
-        made = [u for u in uses if u[0] == "made"]
-        print(f"\nreference runs (PATCHKIT_SHARED_RUNS): {len(made)} made ({sum(float(u[4]) for u in made):.0f} s of "
-              f"requests), {len(uses) - len(made)} read back")
     print(f"\nlog: {top / 'first-run.log'} (the fresh HOME, venv and clone are kept beside it)")
     return 0
 

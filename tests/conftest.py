@@ -102,18 +102,10 @@ def pytest_configure(config):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """What the session's runs shared (tests/conftest.py set PATCHKIT_SHARED_RUNS): reference runs made
-    and read back, and candidate runs made, with how many repeated an earlier one's key exactly."""
-    ledger = os.path.join(os.environ.get(runner.SHARED_ENV, ""), "ledger")
-    if WORKER or not os.path.exists(ledger):
-        return
-    uses = [line.split() for line in open(ledger).read().splitlines()]
-    ref = [u for u in uses if u[1] != "candidate"]
-    cand = [u for u in uses if u[1] == "candidate"]
-    terminalreporter.write_line(
-        f"runs shared by this session: {sum(u[0] == 'made' for u in ref)} reference runs made, "
-        f"{sum(u[0] == 'read' for u in ref)} read back; {len(cand)} candidate runs made, "
-        f"{len(cand) - len({u[5] for u in cand})} of them the same key as an earlier one")
+    """What the session's runs shared (PATCHKIT_SHARED_RUNS, set above; toolkit/runner.py's ledger)."""
+    line = None if WORKER else runner.ledger_summary(os.environ.get(runner.SHARED_ENV, ""))
+    if line:
+        terminalreporter.write_line(line)
 
 
 # Every real file by its measured time, longest first (a warm clean-clone run, docs/measured.md):

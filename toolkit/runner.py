@@ -154,10 +154,24 @@ def made(kind: str, binary: Path, model: Path, wl: Workload, index: int, policy:
 
 
 def _ledger(where: str, use: str, kind: str, wl: Workload, index: int, r: Run, key: str) -> None:
-    # one line per use (bench/first_run.py and tests/conftest.py count them): read or made, and how long
+    # one line per use (`ledger_summary` counts them): read or made, and how long
     Path(where).mkdir(parents=True, exist_ok=True)
     with open(Path(where) / "ledger", "a") as fh:
         fh.write(f"{use} {kind} {wl.name} {index} {r.wall:.3f} {key}\n")
+
+
+def ledger_summary(where: str) -> str | None:
+    """What a job shared, from its ledger (None: nothing written): reference runs made and read
+    back, and candidate runs made, with how many repeated an earlier one's key exactly."""
+    path = Path(where) / "ledger"
+    if not where or not path.exists():
+        return None
+    uses = [line.split() for line in path.read_text().splitlines()]
+    ref = [u for u in uses if u[1] != "candidate"]
+    cand = [u for u in uses if u[1] == "candidate"]
+    return (f"runs shared by this session: {sum(u[0] == 'made' for u in ref)} reference runs made, "
+            f"{sum(u[0] == 'read' for u in ref)} read back; {len(cand)} candidate runs made, "
+            f"{len(cand) - len({u[5] for u in cand})} of them the same key as an earlier one")
 
 
 # A verbose log past this size while requests wait means the server loops without progress (a slot

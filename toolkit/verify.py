@@ -21,7 +21,6 @@ from . import compare, measure, model, promises, upstream_unified
 from . import coverage as coverage_mod
 from .record import Run
 from .runner import run as run_workload
-from .runner import shared as shared_run
 from . import runner as runner_mod
 from .workload import Workload
 from .workload import load as load_workload
@@ -183,7 +182,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         elif cand_bin and wl.expect.integrity:
             say(f"[{wl.name}] control run (no overflow, {b_name} binary)")
             # a control's start is not shaped: no policy in its key
-            control, kept = shared_run("control", base_bin.binary, tiny.path, wl, 0, "-", lambda: run_workload(
+            control, kept = runner_mod.shared("control", base_bin.binary, tiny.path, wl, 0, "-", lambda: run_workload(
                 base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
                 draft=draft.path if draft else None, want_shape=False))
             if kept:
@@ -197,7 +196,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         for k in range(repeat):
             if not shared:
                 say(f"[{wl.name}] {b_name} run {k + 1}/{repeat}")
-                r, kept = shared_run("base", base_bin.binary, tiny.path, wl, k, policy, lambda: run_workload(
+                r, kept = runner_mod.shared("base", base_bin.binary, tiny.path, wl, k, policy, lambda: run_workload(
                     base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
                     draft=draft.path if draft else None, policy=policy))
                 if kept:
@@ -224,7 +223,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         say(f"[{PROBE}] probe runs (measure whether each side evicts; not judged)")
         pm = models[model_name] if model_name else model.resolve(probe.model, say)
         # the base's probe is its overflow-4 run (shared with any suite run of it in this job)
-        base_probe, _ = shared_run("base", base_bin.binary, pm.path, probe, 0, "largest", lambda: run_workload(
+        base_probe, _ = runner_mod.shared("base", base_bin.binary, pm.path, probe, 0, "largest", lambda: run_workload(
             base_bin.binary, pm.path, probe, work_dir / "probe.base.log"))
         measured.append((probe, [base_probe],
                          [run_workload(cand_bin.binary, pm.path, probe, work_dir / "probe.candidate.log")]))

@@ -54,6 +54,10 @@ def test_a_reference_run_is_made_once_per_binary_model_workload_index_and_policy
     cands = [u for u in (line.split() for line in (tmp_path / "shared" / "ledger").read_text().splitlines())
              if u[1] == "candidate"]
     assert [u[0] for u in cands] == ["made"] * 3 and cands[0][5] == cands[1][5] != cands[2][5]
+    assert runner.ledger_summary(str(tmp_path / "shared")) == (
+        "runs shared by this session: 7 reference runs made, 1 read back; 3 candidate runs made, "
+        "1 of them the same key as an earlier one")
+    assert runner.ledger_summary(str(tmp_path / "none")) is None and runner.ledger_summary("") is None
 
 
 def test_every_real_file_has_its_place_in_the_longest_first_order():
