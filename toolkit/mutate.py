@@ -1,16 +1,18 @@
 """The mutation campaign: a check is only as strong as the wrong patches it kills.
 
 Every mutant of patches/<name>/patch.toml ([variants.*]: an edit of the rendered right patch,
-patch._variant_edit) is rendered on the base as commit objects, built (one TU on the shared
-workspace), and judged exactly as a candidate is: the static checks of the patched TU, the C++
+patch._variant_edit) is rendered on the base as commit objects and judged exactly as a candidate
+is: the static checks of the patched TU, the C++
 property harness of the batch surgery, and the workload suite against the same base. A mutant is
 killed when any check fails, and each failing check is kept with its reason; not-reached when
 nothing failed and its killer skipped in every run (the shape it judges never happened); ALIVE otherwise.
-The base side's runs and controls are made once per campaign and shared (verify.run_suite's
-`reuse`), so a mutant costs one TU compile plus its candidate runs.
+The suite runs the family's whole catalog from ONE build (catalog_schema, toolkit/variant_schema.py),
+the variant selected by its id at run time, and the base side's runs and controls are made once
+per campaign and shared (verify.run_suite's `reuse`), so a mutant costs its candidate runs.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from . import apply as apply_mod
 from . import build as build_mod
 from . import check as check_mod
 from . import patch as patch_mod
+from . import variant_schema
 from . import verify as verify_mod
 from .errors import BuildError, LayoutError, PatchError
 from .workload import Workload
@@ -66,6 +69,7 @@ class MutantResult:
     seconds: float
     note: str = ""
     repeat: int = 1
+    built: str = ""             # what the suite ran: "schema <commit> K" (the catalog's one build) or "alone <commit>"
 
     @property
     def runs_killed(self) -> int:
@@ -97,9 +101,11 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
     if expect != "eviction":
         judges = tuple(j for j in judges if j == "suite")
 
+    built = ""
+
     def result(status: str, kills=(), note="") -> MutantResult:
         return MutantResult(name, meta.get("class", ""), meta.get("what", ""), meta.get("killer", ""), layout,
-                            status, tuple(kills), time.monotonic() - t0, note, repeat)
+                            status, tuple(kills), time.monotonic() - t0, note, repeat, built)
 
     cand, _ = apply_mod.candidate_commit(repo, base, patch_name, "largest", name, opts, progress)
     if repo.commit(cand).tree == right_tree:
@@ -119,12 +125,17 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
         except (PatchError, BuildError, LayoutError) as e:
             kills.append(Kill("property", "property", str(e)))
     if "suite" in judges:
+        # the family's catalog compiled once (variant_schema): this variant selected at run time
+        sha, env, built = cand, meta.get("env"), f"alone {cand}"
+        schema = catalog_schema(repo, base, patch_name, opts, progress)
+        if schema and name in schema[1].ids:
+            sha, env, built = schema[0], {**(env or {}), **schema[1].env(name)}, f"schema {schema[0]} {schema[1].ids[name]}"
         try:
-            res = verify_mod.run_suite(repo, base, cand, workloads, repeat=repeat, work_dir=out_dir / name,
+            res = verify_mod.run_suite(repo, base, sha, workloads, repeat=repeat, work_dir=out_dir / name,
                                        opts=opts, candidate_label=f"mutant {name}", layout=layout,
                                        expect=expect, evicting_patch=True, patch_expect=expect,
                                        reuse=reuse, say=say, progress=progress, family=patch_name,
-                                       candidate_env=meta.get("env"), model_name=model_name)
+                                       candidate_env=env, model_name=model_name)
         except BuildError as e:
             return result("killed", kills + [Kill("compiles", "build", str(e))])  # run 0: deterministic
         found, skipped = suite_kills(res.results, meta.get("killer", ""))
@@ -132,6 +143,70 @@ def run_mutant(repo: git.Repo, base: str, name: str, meta: dict, workloads: list
         if not kills and skipped:
             return result("not-reached", note=skipped)
     return result("killed" if kills else "ALIVE", kills)
+
+
+def catalog_schema(repo: git.Repo, base: str, patch_name: str, opts: build_mod.Options,
+                   progress: Callable[[str], None]) -> tuple[str, variant_schema.Schema] | None:
+    """Every variant of `patch_name`'s catalog on `base` in ONE build (toolkit/variant_schema.py):
+    (its commit, built, and the schema), or None when no variant can share it. Made once per
+    content (the right patch's tree, each variant's text, the build's flags) and kept in the
+    cache, so each later mutant of the family, in any process, costs no compile and no parse."""
+    from . import cache, codeindex
+
+    spec = patch_mod.load_patch(patch_name)
+    right, an = apply_mod.candidate_commit(repo, base, patch_name, "largest", None, opts, progress)
+    rel, right_text = an.file, patch_mod.stage_texts(an.source, an.facts, spec, "largest", None)[-1][1].decode()
+    texts = {}
+    for name in spec.variants:
+        try:
+            texts[name] = patch_mod.stage_texts(an.source, an.facts, spec, "largest", name)[-1][1].decode()
+        except PatchError:
+            continue   # the variant's own build says why (run_mutant renders it alone)
+    key = cache.digest(repo.commit(right).tree.hexsha, rel, opts.key(), sorted(
+        (n, cache.digest(t)) for n, t in texts.items()))
+    path = cache.sub("schemata") / f"{key}.json"
+    with cache.locked(path.with_suffix(".lock")):
+        if path.exists():
+            doc = json.loads(path.read_text())
+            if not doc["ids"]:
+                return None
+            schema = variant_schema.Schema(doc["text"], doc["ids"], doc["alone"])
+        else:
+            with build_mod.held(repo, right, opts, progress) as ws:
+                progress(f"parsing {rel} with libclang for the catalog's schema")
+                blocks = variant_schema.blocks_of(codeindex.parse(ws.compile_command(rel)))
+            skip: frozenset[str] = frozenset()
+            for _ in range(5):
+                schema = variant_schema.build(right_text, texts, blocks, skip)
+                if not schema.ids:
+                    break
+                sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _schema_message(spec, schema))
+                try:
+                    build_mod.build(repo, sha, opts, progress)
+                    break
+                except BuildError as e:
+                    log = Path(e.log).read_text(errors="replace") if e.log else str(e)
+                    bad = variant_schema.stillborn(log, schema) - skip
+                    if not bad:   # not a switch's line: every variant is built alone, as before
+                        why = f"the schema did not compile: {build_mod.first_error(log)}"
+                        schema = variant_schema.Schema(right_text, {}, {n: why for n in texts})
+                        break
+                    progress(f"catalog schema: {sorted(bad)} do not compile switched; each is built alone")
+                    skip |= bad
+            else:
+                raise BuildError(f"the catalog schema of {spec.name} did not compile after 5 rounds")
+            cache.write_atomic(path, json.dumps({"text": schema.text, "ids": schema.ids, "alone": schema.alone}))
+            if not schema.ids:
+                return None
+        # the commit is made again where this repository lacks it: the same tree, so the same binary
+        sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _schema_message(spec, schema))
+        build_mod.build(repo, sha, opts, progress)
+    return sha, schema
+
+
+def _schema_message(spec, schema: variant_schema.Schema) -> str:
+    return (f"patchkit: the catalog of {spec.name} as one schema ({len(schema.ids)} variants; "
+            f"{variant_schema.ENV}=K selects one)\n\n" + "".join(f"{k}: {n}\n" for n, k in schema.ids.items()))
 
 
 def suite_kills(results, killer: str) -> tuple[list[Kill], str]:
@@ -167,6 +242,12 @@ def campaign(repo: git.Repo, base: str, names: list[str], workloads: list[Worklo
     right, an = apply_mod.candidate_commit(repo, base, patch_name, "largest", None, opts, progress)
     layout = an.facts.layout if an.facts else "?"
     reuse: dict = {}
+    sch = catalog_schema(repo, base, patch_name, opts, progress)
+    if sch:
+        mine = [n for n in names if n in sch[1].ids]
+        say(f"catalog: {len(mine)} of the {len(names)} variants in one build ({sch[0][:12]}; "
+            f"{variant_schema.ENV}=K selects one)" + "".join(
+                f"; {n} built alone: {why}" for n, why in sch[1].alone.items() if n in names))
     out = []
     for k, name in enumerate(names, 1):
         say(f"==> mutant {k}/{len(names)}: {name} ({cat[name].get('what', '')})")

@@ -46,6 +46,9 @@ def test_victim_chosen_by_tokens_generated_is_caught(c2, c2_base, tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     doc = json.loads(res.stdout)
     assert doc["score"] == {"killed": 1, "judged": 1} and doc["base"] == c2.commit
+    # the suite ran the catalog's one build with this variant selected (issue 37)
+    kind, sha, k = doc["mutants"][0]["built"].split()
+    assert kind == "schema" and f"{k}: victim-by-generated" in git.Repo(c2.path).commit(sha).message
     assert json.loads((tmp_path / "mutants.json").read_text()) == doc
     k = {x["check"]: x["reason"] for x in doc["mutants"][0]["kills"]}
     # released together the slots generated about as much (which one leads depends on when each
@@ -164,3 +167,38 @@ def test_a_survivors_sampler_reset_is_seen_by_the_witness_and_not_by_the_tiny_mo
     # the overflow of stateful-4 comes ~186 tokens in (victim-first's arithmetic): the first
     # difference is after it, where the reset happened
     assert all(int(x) >= 180 for x in re.findall(r"differs from control at token (\d+)", k["reason"])), k
+
+
+@pytest.mark.parametrize("family", ["evict-largest-slot", "park-slot", "recompute-slot", "hybrid-slot"])
+def test_a_familys_catalog_is_one_build_that_is_each_variant_when_selected(c2, c2_base, family):
+    """Issue 37: the family's whole catalog in one build (toolkit/variant_schema.py). The schema's
+    file, with variant K selected, is line for line the file of that variant's own commit, and
+    with none selected the right patch's; every variant that differs on the default tree is in it
+    (measured: none needs to be built alone); a second call reads the cache: no parse, no build."""
+    from toolkit import variant_schema
+
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    right, an = apply.candidate_commit(repo, base, family)
+    sha, schema = mutate.catalog_schema(repo, base, family, build.Options(), lambda s: None)
+    assert build.build(repo, sha, build.Options(), lambda s: None).reused, "the schema is built"
+
+    def file(commit):
+        return repo.git.show(f"{commit}:{an.file}")
+    text = file(sha)
+    assert variant_schema.project(text, 0) == file(right) and text != file(right)
+    differs = []
+    for name in mutate.catalog(family):
+        cand, _ = apply.candidate_commit(repo, base, family, variant=name)
+        changed = repo.git.diff("--name-only", right, cand).split()
+        if not changed:
+            continue
+        assert changed == [an.file], (name, changed)   # a variant is one file: the patch's
+        differs.append(name)
+        if name in schema.ids:
+            assert variant_schema.project(text, schema.ids[name]) == file(cand), name
+    assert differs and sorted(schema.ids) == sorted(differs), schema.alone
+    said = []
+    again = mutate.catalog_schema(repo, base, family, build.Options(), said.append)
+    assert again[1] == schema and repo.commit(again[0]).tree == repo.commit(sha).tree
+    assert not [s for s in said if "parsing" in s or "building" in s], said
