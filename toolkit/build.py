@@ -356,12 +356,21 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
     tree = repo.git.rev_parse(f"{commit}^{{tree}}")
     store = binary_store(tree, opts)
     root = workspace_root(repo, opts)
+
+    def stored() -> Built | None:
+        if (store / TARGET).exists() and not in_workspace:
+            cache.touch(store)
+            return Built(store / TARGET, commit, tree, Workspace(root, root / "src", root / "build", root / "build.log",
+                                                                 commit, tree), 0.0, reused=True)
+        return None
+    # a stored binary needs no workspace: not waiting for its lock, which another process may
+    # hold for minutes while it compiles another tree there
+    if built := stored():
+        return built
     with cache.locked(root.with_suffix(".lock")):
         start = time.monotonic()
-        if (store / TARGET).exists() and not in_workspace:
-            ws = Workspace(root, root / "src", root / "build", root / "build.log", commit, tree)
-            cache.touch(store)
-            return Built(store / TARGET, commit, tree, ws, 0.0, reused=True)
+        if built := stored():
+            return built
         ws = _checkout(repo, root, commit, opts, progress)
         argv = ["ninja", "-C", ws.build, TARGET]
         if opts.jobs:

@@ -66,12 +66,13 @@ def locked(path: Path):
 # kind -> folder; the order is the order `patchkit cache` prints
 KINDS = {"sdists": "sdists", "trees": "trees", "workspaces": "work", "binaries": "bins", "models": "models",
          "ccache": "ccache", "harnesses": "harness", "measurements": "sensitivity", "facts": "facts",
-         "server help": "help", "launchers": "launchers", "upstream tests": "upstream"}
+         "server help": "help", "launchers": "launchers", "upstream tests": "upstream",
+         "variant schemata": "schemata"}
 # what prune may remove, least recently used first: each is rebuilt on demand (a workspace by an
 # incremental build from ccache, a binary from its workspace, a fact or a server's --help by one
-# parse or run); sdists, trees, models, ccache and upstream's test venvs stay (a tree is the
+# parse or run, a variant schema by one parse); sdists, trees, models, ccache and upstream's test venvs stay (a tree is the
 # user's embedded default; ccache keeps its own size limit; a venv costs a pip install)
-PRUNABLE = ("work", "bins", "harness", "sensitivity", "facts", "help", "launchers")
+PRUNABLE = ("work", "bins", "harness", "sensitivity", "facts", "help", "launchers", "schemata")
 DEFAULT_MAX_GB = 20.0
 
 
