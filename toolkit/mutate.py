@@ -165,7 +165,7 @@ def catalog_schema(repo: git.Repo, base: str, patch_name: str, opts: build_mod.O
     key = cache.digest(repo.commit(right).tree.hexsha, rel, opts.key(), sorted(
         (n, cache.digest(t)) for n, t in texts.items()))
     path = cache.sub("schemata") / f"{key}.json"
-    with cache.locked(path.with_suffix(".lock")):
+    with cache.locked(path.with_name(path.name + ".lock")):   # the lock prune takes too
         if path.exists():
             doc = json.loads(path.read_text())
             if not doc["ids"]:
