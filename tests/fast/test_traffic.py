@@ -144,6 +144,24 @@ def test_a_start_whose_pool_never_ran_out_is_made_again_and_an_earlier_starts_fa
     assert "3 starts made" in "\n".join(traffic._side_text("candidate", got, _t()))
 
 
+def test_a_start_is_made_again_when_its_pool_never_ran_out_or_a_queue_never_met_a_park():
+    """traffic.missed decides compare()'s next start: none made yet, a pool that never ran out, or,
+    for a candidate promising parked-first on a traffic that queues (more users than slots), no
+    request arriving while one was parked. Otherwise the start stands."""
+    from dataclasses import replace
+
+    ok = [_a(0, 0, 0, "p0", "abcd")]
+    idle, reached = _run(ok, overflows=(), pressure=0), _run(ok, overflows=(), pressure=2)
+    queued = replace(reached, admissions=("a request that arrived while one was parked",))
+    queue = _t(users=3, parallel=2)
+    assert traffic.missed(queue, [], True) == "not started"
+    assert traffic.missed(queue, [idle], False) == "the pool never ran out"
+    assert traffic.missed(queue, [reached], True) == "no request arrived while one was parked"
+    assert traffic.missed(queue, [reached], False) == ""       # no such promise, or the base side
+    assert traffic.missed(queue, [queued], True) == ""
+    assert traffic.missed(_t(users=2, parallel=2), [reached], True) == ""   # nobody queues: not sized for it
+
+
 def test_a_preemption_family_promises_no_request_ends():
     ok = [_a(0, 0, 0, "p0", "abcd"), _a(1, 0, 0, "p1", "q")]
     ctl = {"p0": "abcd", "p1": "q"}
