@@ -236,9 +236,15 @@ def build_schema(tu, source: str, added: set[int], skip: frozenset[int] = frozen
 
 def _with_prelude(body: str) -> str:
     """The selector after the last #include at the top of the file (getenv/atoi: <cstdlib>)."""
+    return after_includes(body, ["#include <cstdlib>", PRELUDE])
+
+
+def after_includes(body: str, insert: list[str]) -> str:
+    """`insert` after the last #include at the top of the file: one at preprocessor depth 0, not
+    one under `#if _WIN32` (a schema's selector; variant_schema.py uses it too)."""
     lines = body.split("\n")
     depth, last = 0, -1
-    for i, l in enumerate(lines[:400]):  # an #include at preprocessor depth 0 (not one under #if _WIN32)
+    for i, l in enumerate(lines[:400]):
         t = l.strip()
         if t.startswith(("#if", "#ifdef", "#ifndef")):
             depth += 1
@@ -246,7 +252,7 @@ def _with_prelude(body: str) -> str:
             depth -= 1
         elif t.startswith("#include") and depth == 0:
             last = i
-    return "\n".join(lines[:last + 1] + ["#include <cstdlib>", PRELUDE] + lines[last + 1:])
+    return "\n".join(lines[:last + 1] + insert + lines[last + 1:])
 
 
 def stillborn(errors: str, schema: Schema) -> set[int]:

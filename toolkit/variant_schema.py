@@ -201,18 +201,9 @@ def project(text: str, k: int) -> str:
 
 def _with_prelude(body: str) -> str:
     """The selector after the last #include at depth 0 at the top of the file."""
-    lines = body.split("\n")
-    depth, last = 0, -1
-    for i, line in enumerate(lines[:400]):
-        t = line.strip()
-        if t.startswith(("#if", "#ifdef", "#ifndef")):
-            depth += 1
-        elif t.startswith("#endif"):
-            depth -= 1
-        elif t.startswith("#include") and depth == 0:
-            last = i
-    return "\n".join(lines[:last + 1] + ["#include <cstdlib> // patchkit variant selector", *PRELUDE.split("\n"),
-                                         *lines[last + 1:]])
+    from .operators import after_includes
+
+    return after_includes(body, ["#include <cstdlib> // patchkit variant selector", *PRELUDE.split("\n")])
 
 
 def stillborn(errors: str, schema: Schema) -> set[str]:
