@@ -70,8 +70,9 @@ KINDS = {"sdists": "sdists", "trees": "trees", "workspaces": "work", "binaries":
          "variant schemata": "schemata"}
 # what prune may remove, least recently used first: each is rebuilt on demand (a workspace by an
 # incremental build from ccache, a binary from its workspace, a fact or a server's --help by one
-# parse or run, a variant schema by one parse); sdists, trees, models, ccache and upstream's test venvs stay (a tree is the
-# user's embedded default; ccache keeps its own size limit; a venv costs a pip install)
+# parse or run, a variant schema by one parse); sdists, trees, models, ccache and upstream's test
+# venvs stay (a tree is the user's embedded default; ccache keeps its own size limit; a venv costs
+# a pip install)
 PRUNABLE = ("work", "bins", "harness", "sensitivity", "facts", "help", "launchers", "schemata")
 DEFAULT_MAX_GB = 20.0
 

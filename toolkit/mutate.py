@@ -2,8 +2,8 @@
 
 Every mutant of patches/<name>/patch.toml ([variants.*]: an edit of the rendered right patch,
 patch._variant_edit) is rendered on the base as commit objects and judged exactly as a candidate
-is: the static checks of the patched TU, the C++
-property harness of the batch surgery, and the workload suite against the same base. A mutant is
+is: the static checks of the patched TU, the C++ property harness of the batch surgery, and the
+workload suite against the same base. A mutant is
 killed when any check fails, and each failing check is kept with its reason; not-reached when
 nothing failed and its killer skipped in every run (the shape it judges never happened); ALIVE otherwise.
 The suite runs the family's whole catalog from ONE build (catalog_schema, toolkit/variant_schema.py),
@@ -175,26 +175,15 @@ def catalog_schema(repo: git.Repo, base: str, patch_name: str, opts: build_mod.O
             with build_mod.held(repo, right, opts, progress) as ws:
                 progress(f"parsing {rel} with libclang for the catalog's schema")
                 blocks = variant_schema.blocks_of(codeindex.parse(ws.compile_command(rel)))
-            skip: frozenset[str] = frozenset()
-            for _ in range(5):
-                schema = variant_schema.build(right_text, texts, blocks, skip)
-                if not schema.ids:
-                    break
+
+            def compiles(schema: variant_schema.Schema) -> str:
                 sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _schema_message(spec, schema))
                 try:
                     build_mod.build(repo, sha, opts, progress)
-                    break
+                    return ""
                 except BuildError as e:
-                    log = Path(e.log).read_text(errors="replace") if e.log else str(e)
-                    bad = variant_schema.stillborn(log, schema) - skip
-                    if not bad:   # not a switch's line: every variant is built alone, as before
-                        why = f"the schema did not compile: {build_mod.first_error(log)}"
-                        schema = variant_schema.Schema(right_text, {}, {n: why for n in texts})
-                        break
-                    progress(f"catalog schema: {sorted(bad)} do not compile switched; each is built alone")
-                    skip |= bad
-            else:
-                raise BuildError(f"the catalog schema of {spec.name} did not compile after 5 rounds")
+                    return Path(e.log).read_text(errors="replace") if e.log else str(e)
+            schema = variant_schema.settle(right_text, texts, blocks, compiles, progress, build_mod.first_error)
             cache.write_atomic(path, json.dumps({"text": schema.text, "ids": schema.ids, "alone": schema.alone}))
             if not schema.ids:
                 return None

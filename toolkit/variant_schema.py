@@ -178,6 +178,29 @@ def build(right_text: str, variants: dict[str, str], blocks: list[Block],
     return schema
 
 
+def settle(right_text: str, variants: dict[str, str], blocks: list[Block], compiles, say=lambda s: None,
+           first_error=lambda log: log.strip().split("\n")[-1]) -> Schema:
+    """The schema that compiles: `compiles(schema)` builds it and returns "" or the compiler's
+    output. A variant whose switch holds an error line is left out and built alone (the ids of
+    the others stay); an error on no switch's line, or errors round after round, leave every
+    variant alone: sharing the build is given up, never a verdict."""
+    skip: frozenset[str] = frozenset()
+    for _ in range(5):
+        schema = build(right_text, variants, blocks, skip)
+        if not schema.ids:
+            return schema
+        log = compiles(schema)
+        if not log:
+            return schema
+        bad = stillborn(log, schema) - skip
+        if not bad:
+            why = f"the schema did not compile: {first_error(log)}"
+            return Schema(right_text, {}, {n: why for n in variants})
+        say(f"catalog schema: {sorted(bad)} do not compile switched; each is built alone")
+        skip |= bad
+    return Schema(right_text, {}, {n: "the schema did not compile after 5 rounds" for n in variants})
+
+
 def project(text: str, k: int) -> str:
     """The schema's text as the compiler sees it with variant `k` selected (0: none), without
     the selector and the switches: the variant's text, or the right patch's."""

@@ -2,6 +2,8 @@
 line for line, none selected is the right patch's, a difference outside a function body is built
 alone, the switch keeps a changed declaration in scope, and a compiler error names its variant.
 libclang parses in-process."""
+import re
+
 import clang.cindex as ci
 import pytest
 
@@ -100,3 +102,24 @@ def test_a_statement_sharing_a_line_with_its_blocks_brace_is_built_alone(tmp_pat
         assert s.ids == {} and alone in s.alone["v"] and s.text == right, s.alone
     else:
         assert s.ids == {"v": 1} and vs.project(s.text, 1) == variant
+
+
+def test_settle_leaves_out_a_stillborn_switch_and_gives_up_sharing_on_any_other_error(tmp_path):
+    """variant_schema.settle with a compiler stand-in that answers from the schema's text (the
+    real compiler's output format): a switch holding an error line is left out and the rest
+    rebuilt with their ids; an error on no switch's line leaves every variant alone, quoted."""
+    blocks = vs.blocks_of(parse(tmp_path, RIGHT))
+    tried = []
+
+    def rejects(needle):
+        def compiles(s):
+            tried.append(sorted(s.ids))
+            lines = s.text.split("\n")
+            return "".join(f"t.cpp:{i}:5: error: no\n" for i, line in enumerate(lines, 1) if needle in line)
+        return compiles
+    s = vs.settle(RIGHT, VARIANTS, blocks, rejects("n += 3;"))
+    assert "plus-three" not in s.ids and s.alone["plus-three"] == "its switch did not compile"
+    assert s.ids["decl"] == 2 and len(tried) == 2 and "plus-three" in tried[0] and "plus-three" not in tried[1]
+    s = vs.settle(RIGHT, VARIANTS, blocks, rejects("static int g("))
+    assert s.ids == {} and s.text == RIGHT and set(s.alone) == set(VARIANTS)
+    assert re.fullmatch(r"the schema did not compile: t\.cpp:\d+:5: error: no", s.alone["decl"]), s.alone
