@@ -9,7 +9,7 @@ from toolkit.errors import ReportError
 from toolkit.verify import expectations
 from toolkit.workload import load
 
-from .sim import simulate
+from .sim import EXC, simulate
 
 WL = load("overflow-4")
 FITS = load("fits")
@@ -69,6 +69,33 @@ def test_judge_uses_the_base_as_reference_when_asked():
     v = verify.judge(FITS, "candidate", sim(FITS), base=sim(FITS), expect="no-regression")
     assert {c.name for c in v.checks} >= {"no-regression", "no-crash"} and "all-completed" not in {c.name for c in v.checks}
 
+
+
+def test_on_an_evicting_base_another_largest_victim_is_no_regression_but_a_second_victim_is():
+    """Measured in a warm CI run: a harmless pin on a base that already evicts ended slot 2 (prompt
+    80) where the base had ended slot 3 (prompt 100): slot 3's prefill came a few steps later, so
+    slot 2 held the most cells at the overflow. Which slot is the largest is timing; that the
+    victim is the largest is judged by victim-is-largest, so no-regression excuses it, once."""
+    before = sim(WL)                                 # the base evicts its largest, slot 3
+    after = sim(WL, launch=[0, 0, 0, 40])            # slot 3 starts 40 steps late: slot 2 is the largest
+    assert [o.slot for o in before.outcomes if o.outcome == "errored"] == [3]
+    assert [o.slot for o in after.outcomes if o.outcome == "errored"] == [2]
+    v = verify.judge(WL, "candidate", after, base=before, base_reference=True, control=sim(WL, patched=False))
+    checks = {c.name: c for c in v.checks}
+    assert checks["victim-is-largest"].status == "pass", checks["victim-is-largest"].detail
+    assert checks["no-regression"].status == "pass" and "victim here is slot 2" in checks["no-regression"].detail
+    # without the candidate's measured victims (the no-regression expectation) it is a regression
+    c, = compare.no_regression(after, before, WL)
+    assert c.status == "fail" and "slot 2: completed (240 tokens) -> errored" in c.detail
+    # a candidate ending more requests than the before side did is not excused, victims or not
+    two = with_outcome(after, 1, outcome="errored", tokens=after.outcomes[1].tokens[:150], error=EXC)
+    c, = compare.no_regression(two, before, WL, frozenset({1, 2}))
+    assert c.status == "fail" and "slot 1: completed" in c.detail and "slot 2: completed" in c.detail
+    # a victim outside the policy's choice is not excused: the runner-up ended instead of the largest
+    wrong = sim(WL, lie=True)
+    v = verify.judge(WL, "candidate", wrong, base=before, base_reference=True, control=sim(WL, patched=False))
+    checks = {c.name: c for c in v.checks}
+    assert checks["victim-is-largest"].status == "fail" and checks["no-regression"].status == "fail"
 
 @pytest.mark.parametrize("text,expected", [
     ("a\n<<<<<<< x\nA\n||||||| b\n=======\nB\n>>>>>>> y\nz\n", "a\nA\nB\nz\n"),
