@@ -255,9 +255,15 @@ def after_includes(body: str, insert: list[str]) -> str:
     return "\n".join(lines[:last + 1] + insert + lines[last + 1:])
 
 
+def error_lines(errors: str) -> set[int]:
+    """The lines of the compiled file the compiler rejected (GCC's and Clang's `file:L:C: error:`);
+    both schemata (operator mutants here, catalog variants in variant_schema) settle by them."""
+    return {int(m.group(1)) for m in re.finditer(r":(\d+):\d+: error:", errors)}
+
+
 def stillborn(errors: str, schema: Schema) -> set[int]:
     """The mutants whose switches sit on a line the compiler rejected."""
-    bad_lines = {int(m.group(1)) for m in re.finditer(r":(\d+):\d+: error:", errors)}
+    bad_lines = error_lines(errors)
     lines = schema.text.split("\n")
     out = set()
     for n in bad_lines:

@@ -76,7 +76,7 @@ class Schema:
 def regions(name: str, right: list[str], other: list[str], blocks: list[Block]) -> list[Region] | str:
     """Where `other` (a variant's lines) differs from `right`, as switchable regions; a str says
     why it cannot be switched."""
-    ops = [op for op in difflib.SequenceMatcher(None, right, other, autojunk=False).get_opcodes()]
+    ops = difflib.SequenceMatcher(None, right, other, autojunk=False).get_opcodes()
     hunks = [(i1 + 1, i2) for tag, i1, i2, _, _ in ops if tag != "equal"]   # lines a..b (b < a: an insertion before a)
     if not hunks:
         return "renders the right patch"
@@ -231,7 +231,9 @@ def _with_prelude(body: str) -> str:
 
 def stillborn(errors: str, schema: Schema) -> set[str]:
     """The variants whose switch holds a line the compiler rejected (the innermost one)."""
-    bad = {int(m.group(1)) for m in re.finditer(r":(\d+):\d+: error:", errors)}
+    from .operators import error_lines
+
+    bad = error_lines(errors)
     names = {k: n for n, k in schema.ids.items()}
     out, stack = set(), []
     for i, line in enumerate(schema.text.split("\n"), 1):

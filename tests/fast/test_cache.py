@@ -29,6 +29,7 @@ def test_show_and_prune_by_age_size_and_lock(tmp_path, monkeypatch):
     tree = _entry(tmp_path, "trees", "llama-cpp-python-0.3.35", 5000, 99999)   # never pruned
     venv = _entry(tmp_path, "upstream", "venvs", 10, 99999)                   # never pruned
     help_ = _entry(tmp_path, "help", "eeee.txt", 500, 4000)                    # a server's --help: one run
+    schema = _entry(tmp_path, "schemata", "ffff.json", 10, 3900)              # a catalog's schema: one parse
     (tmp_path / "locks").mkdir()                                              # patchkit's own, not "other"
 
     shown = CliRunner().invoke(cli, ["cache", "show", "--json"])
@@ -36,6 +37,7 @@ def test_show_and_prune_by_age_size_and_lock(tmp_path, monkeypatch):
     assert kinds["workspaces"] == {"bytes": 7000, "entries": 2} and kinds["binaries"]["bytes"] == 3000
     # every folder patchkit writes is named by its kind, none left to "other"
     assert kinds["server help"]["bytes"] == 500 and kinds["upstream tests"]["bytes"] == 10
+    assert kinds["variant schemata"] == {"bytes": 10, "entries": 1}
     assert kinds["other"] == {"bytes": 0, "entries": 0}
     assert "workspaces" in CliRunner().invoke(cli, ["cache"]).output      # the group alone shows
 
@@ -43,13 +45,14 @@ def test_show_and_prune_by_age_size_and_lock(tmp_path, monkeypatch):
         fcntl.flock(fh, fcntl.LOCK_EX)
         res = CliRunner().invoke(cli, ["cache", "prune", "--max-gb", "0.0000096", "--json"])
     removed = {os.path.basename(r["path"]) for r in json.loads(res.output)["removed"]}
-    # total 15510 > 9600: the oldest unheld entries go first (the help entry is next), until the cap holds
+    # total 15520 > 9600: the oldest unheld entries go first (the help entry is next), until the cap holds
     assert removed == {"aaaa-opts", "cccc-opts"}, res.output
     assert not old.exists() and not binary.exists() and held.exists() and fresh.exists() and tree.exists()
     # --all-ages: the fresh binary and the help entry too (the held workspace is free now)
     res = CliRunner().invoke(cli, ["cache", "prune", "--max-gb", "0", "--all-ages"])
-    assert "3 entries removed" in res.output, res.output
+    assert "4 entries removed" in res.output, res.output
     assert tree.exists() and venv.exists() and not fresh.exists() and not held.exists() and not help_.exists()
+    assert not schema.exists()
 
 
 def test_a_cache_entry_is_written_whole_with_no_temporary_left(tmp_path):

@@ -148,8 +148,12 @@ def test_a_survivors_sampler_reset_is_seen_by_the_witness_and_not_by_the_tiny_mo
         out = tmp_path / (model[-1] if model else "default")
         res = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--base",
                               source.BASELINE_TAG, "--mutant", "survivors-sampler-reset", "--workload", "stateful-4",
-                              *model, "--report-dir", str(out), "--json"], capture_output=True, text=True)
-        doc = json.loads(res.stdout)
+                              *model, "--report-dir", str(out)], capture_output=True, text=True)
+        doc = json.loads((out / "mutants.json").read_text())
+        # the variant is selected in its family's one schema build, and the campaign says so
+        assert re.search(r"^catalog: 1 of the 1 variants in one build \([0-9a-f]{12}; PATCHKIT_VARIANT=K selects",
+                         res.stdout + res.stderr, re.M), res.stdout[-2000:] + res.stderr[-2000:]
+        assert doc["mutants"][0]["built"].startswith("schema "), doc["mutants"][0]["built"]
         return res.returncode, doc
     rc, tiny = campaign("--model", "tiny")
     assert tiny["model"] == "tiny" and rc == 1, tiny["score"]
