@@ -123,3 +123,31 @@ def test_settle_leaves_out_a_stillborn_switch_and_gives_up_sharing_on_any_other_
     s = vs.settle(RIGHT, VARIANTS, blocks, rejects("static int g("))
     assert s.ids == {} and s.text == RIGHT and set(s.alone) == set(VARIANTS)
     assert re.fullmatch(r"the schema did not compile: t\.cpp:\d+:5: error: no", s.alone["decl"]), s.alone
+
+
+def test_a_schema_that_does_not_reproduce_a_variant_builds_that_variant_alone(tmp_path, monkeypatch):
+    """The guard before any build: a rendering defect (here a region that loses its last line) is
+    caught by projecting the schema, and costs that variant its share of the build, never a
+    verdict on the wrong text; a defect in the file around the switches gives every variant up."""
+    blocks = vs.blocks_of(parse(tmp_path, RIGHT))
+    good = vs.build(RIGHT, VARIANTS, blocks)
+    assert "plus-three" in good.ids
+    regions = vs.regions
+
+    def short(name, right, other, blocks):
+        r = regions(name, right, other, blocks)
+        if name == "plus-three" and not isinstance(r, str):
+            return [vs.Region(x.variant, x.start, x.end, x.lines[:-1]) for x in r]
+        return r
+    monkeypatch.setattr(vs, "regions", short)
+    bad = vs.build(RIGHT, VARIANTS, blocks)
+    assert "plus-three" not in bad.ids and bad.alone["plus-three"] == vs.MISFIT
+    assert sorted(bad.ids) == sorted(n for n in good.ids if n != "plus-three")
+    for name, k in bad.ids.items():
+        assert vs.project(bad.text, k) == VARIANTS[name], name
+    assert vs.project(bad.text, 0) == RIGHT
+    # a defect outside every switch (a line of the file itself lost): nothing shares the build
+    monkeypatch.setattr(vs, "regions", regions)
+    monkeypatch.setattr(vs, "_with_prelude", lambda body: body.replace("    return y;\n", ""))
+    none = vs.build(RIGHT, VARIANTS, blocks)
+    assert none.ids == {} and none.text == RIGHT and set(none.alone) >= set(good.ids)
