@@ -343,8 +343,8 @@ def no_regression(run: Run, before: Run | None, wl: Workload, victims: frozenset
     problems = worse + ([] if lenient else differ)
     detail = ("; ".join(problems) if problems else
               "no request does worse than on the before side" + (f"; better: {', '.join(better)}" if better else "")
-              + (f"; the eviction's victim here is slot {', '.join(map(str, ended_here))} (the policy's measured choice, "
-                 f"judged by victim-is-*); the before side ended {ended_before} request(s) too" if ended_here else "")
+              + (f"; the eviction's victim here is slot {', '.join(map(str, ended_here))} (the policy's measured choice "
+                 f"at its overflow); the before side ended {ended_before} request(s) too" if ended_here else "")
               + ("; streams agree where both ran" if not differ else f"; not judged (real model): {'; '.join(differ)}"))
     return [Check("no-regression", "fail" if problems else "pass", detail)]
 
@@ -461,7 +461,7 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
             m, control, exact=wl.expect.integrity is True, own=own)))
     if expect == "no-regression" or (side == "base" and base_reference):
         checks = (reference(m) if side == "base"
-                  else no_regression(run, base, wl) + server_checks(m))
+                  else no_regression(run, base, wl, policy_victims(m)) + server_checks(m))
         return Verdict(wl.name, side, index, (start_shape(m), *checks))
     mode = wl.expect.base if side == "base" else wl.expect.candidate
     if mode == "same":
@@ -479,10 +479,13 @@ def _judge(m: Measured, side: str, index: int = 0, control: Run | None = None, b
     if side == "candidate" and wl.expect.integrity:
         checks += integrity(m, control) if control else [Check("integrity", "skip", "no control run")]
     if side == "candidate" and base_reference:
-        ours = frozenset(s for e in m.overflows for s in e.terminated if s in e.expected) if mode == "one-victim" \
-            else frozenset()
-        checks += no_regression(run, base, wl, ours)
+        checks += no_regression(run, base, wl, policy_victims(m) if mode == "one-victim" else frozenset())
     return Verdict(wl.name, side, index, (start_shape(m), *checks))
+
+
+def policy_victims(m: Measured) -> frozenset[int]:
+    """The requests this run's evictions ended as the policy's measured choice (within its band)."""
+    return frozenset(s for e in m.overflows for s in e.terminated if s in e.expected)
 
 
 def pool_end_not_reached(m: Measured, side: str, base: Run | None, expect: str, base_reference: bool) -> str:
