@@ -111,7 +111,7 @@ def summary_line(res: Result) -> str:
     if reachable:
         gone = coverage.missed(reachable)
         line += f"; pairs reached {len(reachable) - len(gone)}/{len(reachable)}"
-        if res.pairs_promised is not None and res.promised_pairs:   # a family's promise: the rest are listed
+        if res.family_pairs is not None and res.promised_pairs:   # a family's promise: the rest are listed
             kept = [c for c in reachable if c.shape in res.promised_pairs]
             lost = coverage.missed(kept)
             line += f" ({len(kept) - len(lost)}/{len(kept)} promised" + (f", not reached: {', '.join(lost)})" if lost
@@ -249,7 +249,7 @@ def text_table(res: Result) -> str:
                         else "") + "):")
         w = max(len(c.shape) for c in res.pairs)
         lines += [f"  {c.shape:<{w}}  {c.where()}" + ("" if c.shape in coverage.PAIRS else "  (argued unreachable)")
-                  + ("  (not promised: listed)" if res.pairs_promised is not None and c.shape in coverage.PAIRS
+                  + ("  (not promised: listed)" if res.family_pairs is not None and c.shape in coverage.PAIRS
                      and c.shape not in res.promised_pairs else "")
                   for c in res.pairs]
         lines.append("")

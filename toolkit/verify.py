@@ -65,9 +65,10 @@ class Result:
     # the pairs of the failure point (the victim's undecoded entries x a survivor's place; a preemption
     # family's victim is the slot it parked), each with its first run
     pairs: tuple[coverage_mod.Reached, ...] = ()
-    # the pairs a suite run must reach to PASS: the family's patch.toml `pairs`; None: the eviction's
-    # rule (every reachable pair, for the largest policy the workloads are sized for)
-    pairs_promised: tuple[str, ...] | None = None
+    # the family's patch.toml `pairs` (what its suite run must reach to PASS); None: the eviction's
+    # rule (every reachable pair, for the largest policy the workloads are sized for). What is
+    # judged, after the policy, is `promised_pairs` below
+    family_pairs: tuple[str, ...] | None = None
     # the candidate is patchkit's own series (its policy is its promise); else its policy is only
     # what was measured, and the reports say so (issue 28)
     own: bool = True
@@ -89,8 +90,8 @@ class Result:
         policy the workloads are sized for (and the promises were measured under); else listed."""
         if self.policy != "largest":
             return ()
-        if self.pairs_promised is not None:
-            return self.pairs_promised
+        if self.family_pairs is not None:
+            return self.family_pairs
         return coverage_mod.PAIRS if self.expect == "eviction" else ()
 
     @property
@@ -267,12 +268,12 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     judged += [(f"{wl.name} run {k + 1} (start {e.attempts})", e, wl) for wl, _, _, _, cand_runs in recorded
                for k, r in enumerate(cand_runs) for e in r.earlier]
     cov = coverage_mod.matrix(judged, tuple(shape_set), applied, policy) if cand_bin and shape_set else ()
-    pairs_promised, pairs = pairs, (coverage_mod.pair_matrix(judged, policy, applied)
-                                    if cand_bin and applied in ("eviction", "preemption") else ())
+    family_pairs, pairs = pairs, (coverage_mod.pair_matrix(judged, policy, applied)
+                                  if cand_bin and applied in ("eviction", "preemption") else ())
     return Result(str(repo.working_tree_dir), base_commit, candidate_commit, candidate_label, candidate_source,
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
-                  applied, why, coverage=cov, pairs=pairs, pairs_promised=pairs_promised, own=evicting_patch or declared is not None or not candidate_commit,
+                  applied, why, coverage=cov, pairs=pairs, family_pairs=family_pairs, own=evicting_patch or declared is not None or not candidate_commit,
                   sensitivity=sens, promises=declared.text if declared else "")
 
 

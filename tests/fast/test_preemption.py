@@ -718,7 +718,7 @@ def test_a_preemption_familys_promised_pairs_gate_its_suite_and_the_rest_are_lis
     promised = coverage.PAIRS[:8]
     got = tuple(coverage.Reached(p, "overflow-4 run 1" if p in promised else None, 1, 1) for p in coverage.PAIRS)
     res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "", "preemption",
-                        pairs=got, pairs_promised=promised)
+                        pairs=got, family_pairs=promised)
     assert res.outcome == "PASS" and "pairs reached 8/10 (8/8 promised)" in report.summary_line(res)
     assert "(not promised: listed)" in report.text_table(res)
     written = report.write(res, tmp_path)
@@ -727,7 +727,7 @@ def test_a_preemption_familys_promised_pairs_gate_its_suite_and_the_rest_are_lis
     assert res.outcome == "INCONCLUSIVE"
     assert f"pairs reached 7/10 (7/8 promised, not reached: {promised[0]})" in report.summary_line(res)
     # without a promise a preemption's pairs are listed only
-    assert dataclasses.replace(res, pairs_promised=None).outcome == "PASS"
+    assert dataclasses.replace(res, family_pairs=None).outcome == "PASS"
     # under another policy too: the promise was measured under the largest policy the suite is sized for
     other = dataclasses.replace(res, policy="smallest")
     assert other.outcome == "PASS" and "promised" not in report.summary_line(other)
