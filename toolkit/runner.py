@@ -105,12 +105,24 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
         r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool, env=env,
                      extra_args=extra_args)
         last = attempt == attempts or time.monotonic() > deadline
-        why = None if r.exit_code is not None else measure.shape(r, wl, policy)
+        why = None if evidence(r) else measure.shape(r, wl, policy)
         _log.info("%s: start %d, %.2f s%s", wl.name, attempt, r.wall, f" (again: {why})" if why and not last else "")
         if last or why is None:
             return replace(r, attempts=attempt, earlier=tuple(earlier))
         earlier.append(replace(r, attempts=attempt))
     raise AssertionError("unreachable")
+
+
+def evidence(r: Run) -> str:
+    """Why a start is kept as it is, its shape reached or not ('' when it is not): a server that
+    exited, or a request that timed out or crashed. Every check fails on these in any start (an
+    earlier one through `earlier-starts`), so a start made again could not change the verdict: it
+    would only wait out another hang (measured: a parked slot batched first, lora-resume-3, three
+    starts of ~25 s each, all timeouts)."""
+    if r.exit_code is not None:
+        return f"the server exited with {r.exit_code}"
+    lost = [o.slot for o in r.outcomes if o.outcome in ("timeout", "crashed")]
+    return f"slot(s) {lost} timed out or crashed" if lost else ""
 
 
 # A job that judges many candidates against one base (a test session, a CI matrix) measures each

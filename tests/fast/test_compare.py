@@ -480,3 +480,31 @@ def test_a_request_handed_to_the_queue_between_the_bugs_errors_does_not_split_th
     trace = r.trace[:k] + (Trace("post", task=900),) + r.trace[k:] + (Trace("launch", 5, 900),)
     ev, = measure.overflows(replace(r, trace=trace), WL)
     assert ev.terminated == (0, 1, 2, 3) and not measure.evicts(replace(r, trace=trace), WL)
+
+
+def test_a_start_with_a_timeout_is_not_made_again_for_its_shape(monkeypatch, tmp_path):
+    """runner.run makes a start again while its designed shape is missed, but not one holding
+    evidence (a timeout, a crash, a server exit): judged in any start, it fails the verdict, so
+    another start would only wait out another hang."""
+    from toolkit import runner
+
+    ok = sim(WL)
+    hung = replace(ok, outcomes=tuple(replace(o, outcome="timeout", error="no data for 120 s") if o.slot == 2 else o
+                                      for o in ok.outcomes))
+    made = []
+
+    def once(binary, model, wl, path, **kw):
+        made.append(path)
+        return made_run
+    monkeypatch.setattr(runner, "run_once", once)
+    monkeypatch.setattr(measure, "shape", lambda r, wl, policy: "the designed shape missed")
+    made_run = hung
+    r = runner.run(tmp_path / "bin", tmp_path / "model", WL, tmp_path / "x.log", attempts=3, budget_s=60)
+    assert len(made) == 1 and r.attempts == 1 and r.earlier == ()
+    assert runner.evidence(hung) == "slot(s) [2] timed out or crashed" and runner.evidence(ok) == ""
+    assert runner.evidence(replace(ok, exit_code=-11)) == "the server exited with -11"
+    # the same start without the timeout is made again, up to its cap
+    made.clear()
+    made_run = ok
+    r = runner.run(tmp_path / "bin", tmp_path / "model", WL, tmp_path / "x.log", attempts=3, budget_s=60)
+    assert len(made) == 3 and r.attempts == 3 and len(r.earlier) == 2
