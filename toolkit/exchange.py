@@ -190,14 +190,15 @@ class Abandoned(Exception):
 def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
              release: Callable[[Callable[[], None]], None] | None = None,
              abandon: Callable[[], bool] | None = None,
-             flood: Callable[[], str | None] | None = None) -> list[Outcome]:
+             flood: Callable[[float], str | None] | None = None) -> list[Outcome]:
     """Send `reqs` and collect their outcomes. The requests that start first (smallest start_ms)
     are connected, then written together inside `release(write_all)` (the runner pauses the
     server around it); later ones are written at their start_ms, or once the request they follow
     (`after`) has streamed that many tokens: those are primed with the first group (all but
     their last byte sent), so the trigger costs one send. `abandon` is asked after
-    every wake-up; when it answers True the exchange raises Abandoned. `flood` too: when it gives a
-    reason (the server spins without progress), every request still open ends as a timeout with it."""
+    every wake-up; when it answers True the exchange raises Abandoned. `flood` too, with the time any
+    request last sent or received anything: when it gives a reason (the server spins without
+    progress), every request still open ends as a timeout with it."""
     t0 = time.monotonic()
     pending = [Exchange(port, r, t0) for r in reqs]
     sel = selectors.DefaultSelector()
@@ -254,7 +255,7 @@ def exchange(port: int, reqs: tuple[Request, ...], timeout: float, *,
                 key.data.on_readable()
             if abandon is not None and abandon():
                 raise Abandoned()
-            why = flood() if flood is not None and active else None
+            why = flood(max(x.t_last for x in pending)) if flood is not None and active else None
             if why:
                 for x in active:
                     if not x.finished:

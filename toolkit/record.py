@@ -98,6 +98,10 @@ class Run:
     # /metrics after the workload and its probes, (name, value) per unlabelled sample; None: not read
     # (the server was not answering)
     metrics: tuple[tuple[str, float], ...] | None = None
+    # the server's log: its size, and the most it grew while no request received anything
+    # (runner.Flood: a server looping without progress is cut by that)
+    log_bytes: int = 0
+    log_quiet: int = 0
 
     def metric(self, name: str) -> float | None:
         return dict(self.metrics or ()).get(name)

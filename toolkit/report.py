@@ -41,6 +41,7 @@ def _run_json(r: Run, wl: Workload, policy: str = "largest") -> dict:
         "events": [asdict(e) for e in r.events],
         "alive_after": r.alive_after, "followup_ok": r.followup_ok, "exit_code": r.exit_code,
         "wall_s": round(r.wall, 3), "log": r.log, "attempts": r.attempts, "launch_spread_ms": r.launch_spread_ms,
+        "log_bytes": r.log_bytes, "log_quiet_bytes": r.log_quiet,
         "sanitizer": list(r.sanitizer),
         "pool": r.pool,
         "occupancy": [[round(s.t, 4), s.slot, s.cells, s.processing, s.generated] for s in r.samples],

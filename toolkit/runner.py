@@ -106,7 +106,8 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
                      extra_args=extra_args)
         last = attempt == attempts or time.monotonic() > deadline
         why = None if evidence(r) else measure.shape(r, wl, policy)
-        _log.info("%s: start %d, %.2f s%s", wl.name, attempt, r.wall, f" (again: {why})" if why and not last else "")
+        _log.info("%s: start %d, %.2f s, log %.1f MB (%.2f MB at most while no request received anything)%s", wl.name,
+                  attempt, r.wall, r.log_bytes / 2**20, r.log_quiet / 2**20, f" (again: {why})" if why and not last else "")
         if last or why is None:
             return replace(r, attempts=attempt, earlier=tuple(earlier))
         earlier.append(replace(r, attempts=attempt))
@@ -201,6 +202,39 @@ def flooded(log_path: Path) -> str | None:
             "without progress") if size > LOG_CAP else None
 
 
+# The same loop, seen sooner: its log grows while no request receives anything. A right server
+# logs a step's lines and a token reaches its client in the same step; between two receptions it
+# logs a prefill's or a recompute's batches, or, for requests not streamed, the whole generation.
+# Measured (`python bench/log_quiet.py`: every family's default suite on C2, base, control and
+# candidate): at most 0.36 MB (overflow-nonstream: nothing received until the end), and no
+# workload's whole log passes 4.1 MB (many-resumes-8). 16 MB is 4x any whole log: cut there, a
+# hang costs a second or two of log, not 128 MB and its parse (each run's most is in its
+# "start k" line and report.json's log_quiet_bytes).
+QUIET_CAP = 16 << 20
+
+
+class Flood:
+    """exchange's `flood` for one run's log: the log's growth since any request last sent or
+    received anything (`most`: the largest seen), cut past QUIET_CAP, or the whole log past LOG_CAP."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.path, self.mark, self.base, self.most = log_path, None, 0, 0
+
+    def __call__(self, progress: float) -> str | None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return None
+        if progress != self.mark:
+            self.mark, self.base = progress, size
+        quiet = size - self.base
+        self.most = max(self.most, quiet)
+        if quiet > QUIET_CAP:
+            return (f"the server logged {quiet >> 20} MB while no request received anything: it loops "
+                    "without progress")
+        return flooded(self.path)
+
+
 # the pool probe leaves this many cells unused (its own 8 tokens and slack for the pool's padding)
 PROBE_SLACK = 24
 
@@ -237,7 +271,8 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
                 poller.start()
 
         try:
-            outcomes = exchange(ep.port, wl.requests, timeout, release=release, flood=lambda: flooded(log_path))
+            flood = Flood(log_path)
+            outcomes = exchange(ep.port, wl.requests, timeout, release=release, flood=flood)
         finally:
             stop.set()
             if poller.is_alive():
@@ -258,11 +293,12 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             pool_probe = "completed" if o.outcome == "completed" else f"{o.outcome}: {o.error or 'no error text'}"
         metrics = _scrape(srv) if alive else None
         code = srv.returncode()
-    text = log_path.read_text(errors="replace")
+    size, text = log_path.stat().st_size, log_path.read_text(errors="replace")
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
                sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text),
-               pool_probe=pool_probe, sanitized=binary_sanitizers(binary), metrics=metrics)
+               pool_probe=pool_probe, sanitized=binary_sanitizers(binary), metrics=metrics,
+               log_bytes=size, log_quiet=flood.most)
 
 
 def _scrape(srv: Server) -> tuple[tuple[str, float], ...] | None:

@@ -508,3 +508,24 @@ def test_a_start_with_a_timeout_is_not_made_again_for_its_shape(monkeypatch, tmp
     made_run = ok
     r = runner.run(tmp_path / "bin", tmp_path / "model", WL, tmp_path / "x.log", attempts=3, budget_s=60)
     assert len(made) == 3 and r.attempts == 3 and len(r.earlier) == 2
+
+
+def test_a_log_that_grows_while_no_request_receives_anything_is_a_flood(tmp_path):
+    """runner.Flood: a server looping without progress floods its verbose log while no request
+    receives anything; cut past QUIET_CAP of such growth, a hang costs a second of log. Growth
+    with a reception between is progress, whatever the log's total (the backstop: LOG_CAP)."""
+    from toolkit import runner
+
+    log = tmp_path / "server.log"
+    log.write_bytes(b"x" * 1000)
+    flood = runner.Flood(log)
+    assert flood(1.0) is None                                    # the baseline at this reception
+    with open(log, "ab") as fh:
+        fh.write(b"x" * (runner.QUIET_CAP - 10))
+    assert flood(1.0) is None and flood.most == runner.QUIET_CAP - 10
+    assert flood(2.0) is None                                    # a request received something: progress
+    with open(log, "ab") as fh:
+        fh.write(b"x" * (runner.QUIET_CAP + 1))
+    why = flood(2.0)
+    assert why and "while no request received anything" in why and flood.most == runner.QUIET_CAP + 1
+    assert runner.Flood(tmp_path / "missing.log")(1.0) is None

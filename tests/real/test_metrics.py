@@ -60,8 +60,8 @@ def test_a_count_that_is_wrong_is_killed_by_the_counter_check_alone(c2, c2_base,
 
 def test_slots_shows_a_parked_slot_as_parked_and_processing(c2, c2_base, tmp_path):
     """/slots says which slot is parked (`is_parked`, beside upstream's `is_processing`: a parked
-    slot is processing, its task alive). never-resumed keeps slot 3 parked until the log cap ends
-    the run, so the /slots poller sees it parked whatever the timing."""
+    slot is processing, its task alive). never-resumed keeps slot 3 parked until its flooding log
+    ends the run, so the /slots poller sees it parked whatever the timing."""
     res = verify.verify(git.Repo(c2.path), base_ref=source.BASELINE_TAG, patch_name="park-slot", variant="never-resumed",
                         workloads=[workload.load("overflow-4")], out_dir=tmp_path, ui=UI(quiet=True))
     run = res.results[0].candidate[0]
