@@ -314,7 +314,7 @@ def no_regression(run: Run, before: Run | None, wl: Workload, victims: frozenset
     token differences are reported, not failed: its numerics depend on the batch mix.
 
     `victims`: where both sides evict, the slots the candidate's evictions ended as the policy's
-    measured choice (judged by victim-is-<policy>). Which slot holds the most cells at the overflow
+    measured choice (within the band victim-is-<policy> judges). Which slot holds the most cells at the overflow
     is timing (two requests' prefills a step apart), so the before side may have ended another one:
     a victim is no regression while the candidate ends no more requests than the before side did
     (measured: a harmless pin on an evicting base ended slot 2 where the base had ended slot 3)."""
