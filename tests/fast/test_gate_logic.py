@@ -70,7 +70,6 @@ def test_judge_uses_the_base_as_reference_when_asked():
     assert {c.name for c in v.checks} >= {"no-regression", "no-crash"} and "all-completed" not in {c.name for c in v.checks}
 
 
-
 def test_on_an_evicting_base_another_largest_victim_is_no_regression_but_a_second_victim_is():
     """Measured in a warm CI run: a harmless pin on a base that already evicts ended slot 2 (prompt
     80) where the base had ended slot 3 (prompt 100): slot 3's prefill came a few steps later, so
@@ -99,6 +98,7 @@ def test_on_an_evicting_base_another_largest_victim_is_no_regression_but_a_secon
     v = verify.judge(WL, "candidate", wrong, base=before, base_reference=True, control=sim(WL, patched=False))
     checks = {c.name: c for c in v.checks}
     assert checks["victim-is-largest"].status == "fail" and checks["no-regression"].status == "fail"
+
 
 @pytest.mark.parametrize("text,expected", [
     ("a\n<<<<<<< x\nA\n||||||| b\n=======\nB\n>>>>>>> y\nz\n", "a\nA\nB\nz\n"),
