@@ -105,9 +105,11 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
         r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool, env=env,
                      extra_args=extra_args)
         last = attempt == attempts or time.monotonic() > deadline
-        why = None if evidence(r) else measure.shape(r, wl, policy)
+        kept = evidence(r)
+        why = None if kept else measure.shape(r, wl, policy)
         _log.info("%s: start %d, %.2f s, log %.1f MB (%.2f MB at most while no request received anything)%s", wl.name,
-                  attempt, r.wall, r.log_bytes / 2**20, r.log_quiet / 2**20, f" (again: {why})" if why and not last else "")
+                  attempt, r.wall, r.log_bytes / 2**20, r.log_quiet / 2**20,
+                  f" (again: {why})" if why and not last else f" (kept as it is: {kept})" if kept else "")
         if last or why is None:
             return replace(r, attempts=attempt, earlier=tuple(earlier))
         earlier.append(replace(r, attempts=attempt))
