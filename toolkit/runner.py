@@ -208,7 +208,7 @@ def flooded(log_path: Path) -> str | None:
 # logs a step's lines and a token reaches its client in the same step; between two receptions it
 # logs a prefill's or a recompute's batches, or, for requests not streamed, the whole generation.
 # Measured (`python bench/log_quiet.py`: every family's default suite on C2, base, control and
-# candidate): at most 0.36 MB (overflow-nonstream: nothing received until the end), and no
+# candidate): at most 0.36-0.40 MB (overflow-nonstream: nothing received until the end), and no
 # workload's whole log passes 4.1 MB (many-resumes-8). 16 MB is 4x any whole log: cut there, a
 # hang costs a second or two of log, not 128 MB and its parse (each run's most is in its
 # "start k" line and report.json's log_quiet_bytes).
