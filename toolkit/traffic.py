@@ -208,11 +208,18 @@ class TrafficRun:
     exit_code: int | None
     pressure: int = 0                             # loop turns in which the pool could not place a batch
     admissions: tuple = ()                        # requests queued while another was parked (pauses.py)
+    log_bytes: int = 0                            # the server's whole log
+    log_quiet_bytes: int = 0                      # its most growth while no user sent or received (runner.Flood)
 
 
-def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, counter: list[int]) -> Attempt:
+def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, counter: list[int],
+         heard: list[int] | None = None) -> Attempt:
+    """One streamed turn. `heard` (shared by every user) counts what any request sent or received:
+    the run's progress, against which its log's quiet growth is measured (runner.Flood)."""
     import openai
 
+    heard = [0] if heard is None else heard
+    heard[0] += 1
     before = counter[0]
     start = time.monotonic() - t0
     text, ttft, cached, status, error, cause = [], None, None, None, "", ""
@@ -221,6 +228,7 @@ def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, coun
                                                 temperature=0, stream=True, stream_options={"include_usage": True})
         status = 200
         for chunk in stream:
+            heard[0] += 1
             if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
                 cached = chunk.usage.prompt_tokens_details.cached_tokens
             for ch in chunk.choices:
@@ -302,7 +310,7 @@ class _Together:
 
 def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: float, out: list[Attempt],
           conversations: list, lost: list[int], lock: threading.Lock, ready: threading.Barrier,
-          gates: dict[int, "_Together"]) -> None:
+          gates: dict[int, "_Together"], heard: list[int]) -> None:
     counter = [0]
     turn_now: list[int | None] = [None]      # the turn being sent: a together-turn's request counts as sent
     client = _client(url, counter, timeout,
@@ -325,7 +333,7 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
                 gates[k].wait()
             turn_now[0] = k
             for k in range(t.retries + 1):
-                a = _ask(client, list(messages), turn, k, t0, counter)
+                a = _ask(client, list(messages), turn, k, t0, counter, heard)
                 with lock:
                     out.append(a)
                 if a.ok:
@@ -375,16 +383,20 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
         t0 = time.monotonic()
         ready = threading.Barrier(len(sessions))
         gates = {k: _Together(srv, t.users) for k in t.together}
+        heard = [0]
         threads = [threading.Thread(target=_user, args=(ep.url, t, s, t0, timeout, attempts, conversations, lost, lock,
-                                                        ready, gates), daemon=True) for s in sessions]
+                                                        ready, gates, heard), daemon=True) for s in sessions]
         for th in threads:
             th.start()
         # cut at the deadline, or as soon as the log floods: a wrong patch whose server loops without
-        # progress writes ~6 MB/s (measured: 6.7 GB in 10 min for survivors-reset), and the log is read
-        flooded = None
+        # progress writes ~6 MB/s (measured: 6.7 GB in 10 min for survivors-reset), and the log is
+        # read. Its growth while no user sends or receives anything is the sooner sign, as in a
+        # laboratory run (runner.Flood; measured, a parked slot never resumed: cut at the 128 MB
+        # cap, 3 starts, 72 s; at the quiet cap, one start, docs/measured.md)
+        flood, flooded = runner_mod.Flood(log_path), None
         while any(th.is_alive() for th in threads) and time.monotonic() < t0 + deadline_s and not flooded:
             threads[next(k for k, th in enumerate(threads) if th.is_alive())].join(0.5)
-            flooded = runner_mod.flooded(log_path)
+            flooded = flood(heard[0])
         wall = time.monotonic() - t0
         after = "completed"
         stuck = [k for k, th in enumerate(threads) if th.is_alive()]
@@ -402,12 +414,12 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
             a = _ask(c, [{"role": "user", "content": "after"}], Turn(-1, 0, "after", 8, 0.0), 0, t0, counter)
             c.close()
             after = "completed" if a.ok and a.text else (a.error or "no content")
-    text = log_path.read_text(errors="replace")
+    size, text = log_path.stat().st_size, log_path.read_text(errors="replace")
     trace = record.trace_from_log(text)
     return TrafficRun(t.name, side, wall, tuple(sorted(attempts, key=lambda a: (a.user, a.turn, a.attempt))),
                       tuple(conversations), tuple(sorted(set(lost))), after, str(log_path),
                       shapes(text, attempts), overflows(trace), exit_code, pressure(trace),
-                      pauses_mod.queue_admissions(trace))
+                      pauses_mod.queue_admissions(trace), size, flood.most)
 
 
 def shapes(log_text: str, attempts) -> tuple[str, ...]:
@@ -741,7 +753,7 @@ def _side_json(s: Side) -> dict:
             "latency_p50_s": s.latency_p50, "latency_p99_s": s.latency_p99,
             "overflows": list(s.run.overflows), "pressure": s.run.pressure, "shapes": list(s.run.shapes),
             "lost": list(s.run.lost), "starved": list(s.starved), "serves_after": s.run.serves_after, "log": s.run.log,
-            "starts": s.starts,
+            "log_bytes": s.run.log_bytes, "log_quiet_bytes": s.run.log_quiet_bytes, "starts": s.starts,
             "users": [{"user": u.user, "turns": u.turns, "planned": u.planned, "failed": u.failed,
                        "sdk_retries": u.retries_sdk, "statuses": dict(u.statuses), "lost": u.lost} for u in s.users],
             "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in s.checks],
@@ -866,6 +878,11 @@ def missed(t: Traffic, starts: list[TrafficRun], parked_first: bool) -> str:
     if not starts:
         return "not started"
     r = starts[-1]
+    if r.serves_after != "completed":
+        # evidence (a server that died, or a traffic cut at its deadline or its flooding log):
+        # serves-after fails on it, and `reported` keeps the first failed start, so another start
+        # could only wait out another hang (as runner.evidence; measured: 3 starts to 128 MB, 72 s)
+        return ""
     if not (r.pressure or r.overflows):
         return "the pool never ran out"
     if parked_first and t.users > t.parallel and not r.admissions:

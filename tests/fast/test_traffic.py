@@ -147,7 +147,7 @@ def test_a_start_whose_pool_never_ran_out_is_made_again_and_an_earlier_starts_fa
 def test_a_start_is_made_again_when_its_pool_never_ran_out_or_a_queue_never_met_a_park():
     """traffic.missed decides compare()'s next start: none made yet, a pool that never ran out, or,
     for a candidate promising parked-first on a traffic that queues (more users than slots), no
-    request arriving while one was parked. Otherwise the start stands."""
+    request arriving while one was parked. Otherwise, or when it holds evidence, the start stands."""
     from dataclasses import replace
 
     ok = [_a(0, 0, 0, "p0", "abcd")]
@@ -160,6 +160,10 @@ def test_a_start_is_made_again_when_its_pool_never_ran_out_or_a_queue_never_met_
     assert traffic.missed(queue, [reached], False) == ""       # no such promise, or the base side
     assert traffic.missed(queue, [queued], True) == ""
     assert traffic.missed(_t(users=2, parallel=2), [reached], True) == ""   # nobody queues: not sized for it
+    # a start holding evidence (cut at its flooding log or deadline, a server that died) stands,
+    # its pool run out or not: serves-after fails on it, another start would wait out another hang
+    for after in ("the traffic was cut: the server logged 17 MB while no request received anything", "the server died"):
+        assert traffic.missed(queue, [replace(idle, serves_after=after)], True) == ""
 
 
 def test_a_preemption_family_promises_no_request_ends():

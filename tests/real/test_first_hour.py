@@ -2,6 +2,9 @@
 The base is found from the series (printed), and a base equal to the candidate is refused."""
 import subprocess
 import sys
+from pathlib import Path
+
+from toolkit import runner
 
 from .conftest import clone, snapshot
 
@@ -56,6 +59,11 @@ def test_plain_verify_judges_head_and_never_judges_a_tree_against_itself(c2, c2_
     assert (report["base_commit"], report["candidate_commit"]) == (base, head)
     assert "patched on" in report["base_why"]
     assert report["candidate"].startswith("HEAD (branch patchkit/evict-largest-slot)"), report["candidate"]
+    # each candidate run's log as measured (its size, and its most growth while no request received
+    # anything, under the cap that cuts a looping server: runner.Flood)
+    for r in report["workloads"]["overflow-4"]["candidate"]:
+        assert r["log_bytes"] == Path(r["log"]).stat().st_size > 0, r["log"]
+        assert 0 <= r["log_quiet_bytes"] < min(r["log_bytes"], runner.QUIET_CAP), r["log_quiet_bytes"]
 
     (tmp_path / "T" / "README.note").write_text("a note on the patch branch\n")
     repo.git.add("README.note")

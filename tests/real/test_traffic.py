@@ -9,7 +9,7 @@ import sys
 
 import git
 
-from toolkit import apply, source
+from toolkit import apply, runner, source
 
 from .conftest import clone
 
@@ -99,6 +99,22 @@ def test_two_victims_per_overflow_fail_the_traffic_for_that_reason(c2_base, tmp_
     _, cand = sides(json.loads(res.stdout), "lmstudio-1757")
     bad = failed(cand)
     assert "one-victim-per-overflow" in bad and "ended more than one" in bad["one-victim-per-overflow"], bad
+
+
+def test_a_parked_slot_never_resumed_is_cut_at_its_quiet_log_in_one_start(c2_base, tmp_path):
+    """A server that loops without progress (a parked slot nothing resumes: "posting NEXT_RESPONSE"
+    each loop turn) is cut as soon as its log grows QUIET_CAP while no user sends or receives
+    anything, not at the whole log's cap; and a start cut so is evidence, never made again
+    (measured before: 3 starts, each to 128 MB, 72 s; after: one start, 12 s)."""
+    res = patchkit("traffic", "--patch", "park-slot", "--variant", "never-resumed", "--workload", "rude-clients",
+                   "--candidate-only", "--json", "--report-dir", str(tmp_path))
+    assert res.returncode == 1, res.stderr[-3000:] + res.stdout[-3000:]
+    _, cand = sides(json.loads(res.stdout), "rude-clients")
+    bad = failed(cand)
+    assert "while no request received anything: it loops without progress" in bad["serves-after"], bad
+    assert "gave up" in bad["conversations-complete"], bad
+    assert cand["starts"] == 1, cand["starts"]
+    assert runner.QUIET_CAP < cand["log_quiet_bytes"] <= cand["log_bytes"] < runner.LOG_CAP, cand
 
 
 def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, tmp_path):
