@@ -21,6 +21,7 @@ import functools
 import logging
 import os
 import pickle
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -154,9 +155,24 @@ def shared(kind: str, binary: Path, model: Path, wl: Workload, index: int, polic
     except (OSError, EOFError, pickle.UnpicklingError):
         r, kept = make(), False
         path.parent.mkdir(parents=True, exist_ok=True)
+        r = _logs_kept(r, Path(where), key)
         cache.write_atomic(path, pickle.dumps(r))
     _ledger(where, "read" if kept else "made", kind, wl, index, r, key)
     return r, kept
+
+
+def _logs_kept(r: Run, where: Path, key: str) -> Run:
+    """The run with its server log (and each earlier start's) moved beside its pickle: every report
+    that reads it back names a log that exists as long as the job's directory does, not one in the
+    first comparison's directory (a test's, deleted when it passed)."""
+    def keep(run: Run, name: str) -> Run:
+        try:
+            shutil.move(run.log, where / name)
+        except OSError:
+            return run               # no log (nothing written): the run as made
+        return replace(run, log=str(where / name))
+    return replace(keep(r, f"{key}.log"), earlier=tuple(keep(e, f"{key}.start{k + 1}.log")
+                                                        for k, e in enumerate(r.earlier)))
 
 
 def made(kind: str, binary: Path, model: Path, wl: Workload, index: int, policy: str, r: Run, extra: object) -> None:

@@ -1,6 +1,7 @@
 """PATCHKIT_SHARED_RUNS: a job's reference runs (base, control) measured once per what makes them
 the same measurement, read back by every later comparison; nothing shared without it."""
 import os
+from pathlib import Path
 
 from toolkit import runner, workload
 from toolkit.record import Run
@@ -58,6 +59,28 @@ def test_a_reference_run_is_made_once_per_binary_model_workload_index_and_policy
         "runs shared by this session: 7 reference runs made, 1 read back; 3 candidate runs made, "
         "1 of them the same key as an earlier one")
     assert runner.ledger_summary(str(tmp_path / "none")) is None and runner.ledger_summary("") is None
+
+
+def test_a_shared_runs_logs_move_beside_it_so_every_report_names_a_log_that_exists(tmp_path, monkeypatch):
+    """The first comparison's directory (a test's tmp_path) goes when it passes; the run read back
+    by later ones names its log, and each earlier start's, in the job's directory."""
+    from dataclasses import replace
+
+    binary, model = tmp_path / "llama-server", tmp_path / "m.gguf"
+    binary.write_bytes(b"server")
+    model.write_bytes(b"model")
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "base.log").write_text("the run's log")
+    (first / "base.start1.log").write_text("an earlier start's log")
+    earlier = Run("overflow-4", (), (), (), True, True, None, 0.1, str(first / "base.start1.log"))
+    run = replace(Run("overflow-4", (), (), (), True, True, None, 0.2, str(first / "base.log")), earlier=(earlier,))
+    monkeypatch.setenv(runner.SHARED_ENV, str(tmp_path / "shared"))
+    made, _ = runner.shared("base", binary, model, workload.load("overflow-4"), 0, "largest", lambda: run)
+    read, kept = runner.shared("base", binary, model, workload.load("overflow-4"), 0, "largest", lambda: 1 / 0)
+    assert kept and read == made and not list(first.iterdir())
+    assert Path(read.log).parent == tmp_path / "shared" and Path(read.log).read_text() == "the run's log"
+    assert Path(read.earlier[0].log).read_text() == "an earlier start's log" != read.log
 
 
 def test_every_real_file_has_its_place_in_the_longest_first_order():
