@@ -52,7 +52,7 @@ from . import pauses as pauses_mod
 from . import record, serverlog
 from . import runner as runner_mod
 from .errors import UsageError
-from .server import Server
+from .server import Server, local_client
 from .workload import read_toml
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "traffic"
@@ -272,8 +272,7 @@ def _client(url: str, counter: list[int], timeout: float, on_request=lambda: Non
         # SDK is about to send them: measured beside two other test processes, a user's request
         # written more than 100 ms after the hook reached a together-turn's server after its resume
         request.extensions["trace"] = written
-    http = httpx.Client(trust_env=False, timeout=httpx.Timeout(timeout, connect=5.0),
-                        event_hooks={"request": [count]})
+    http = local_client(timeout=httpx.Timeout(timeout, connect=5.0), event_hooks={"request": [count]})
     return openai.OpenAI(base_url=f"{url}/v1", api_key="patchkit", http_client=http)
 
 
