@@ -162,15 +162,21 @@ def shared(kind: str, binary: Path, model: Path, wl: Workload, index: int, polic
 
 
 def _logs_kept(r: Run, where: Path, key: str) -> Run:
-    """The run with its server log (and each earlier start's) moved beside its pickle: every report
-    that reads it back names a log that exists as long as the job's directory does, not one in the
-    first comparison's directory (a test's, deleted when it passed)."""
+    """The run with its server log (and each earlier start's) kept beside its pickle too: every
+    report that reads it back names a log that exists as long as the job's directory does, not one
+    in the first comparison's directory (a test's, deleted when it passed), and that directory
+    keeps its own logs as without sharing. A hard link (no second copy on one file system), else a
+    copy."""
     def keep(run: Run, name: str) -> Run:
+        dst = where / name
         try:
-            shutil.move(run.log, where / name)
+            try:
+                os.link(run.log, dst)
+            except OSError:
+                shutil.copyfile(run.log, dst)
         except OSError:
             return run               # no log (nothing written): the run as made
-        return replace(run, log=str(where / name))
+        return replace(run, log=str(dst))
     return replace(keep(r, f"{key}.log"), earlier=tuple(keep(e, f"{key}.start{k + 1}.log")
                                                         for k, e in enumerate(r.earlier)))
 

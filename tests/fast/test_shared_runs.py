@@ -61,9 +61,12 @@ def test_a_reference_run_is_made_once_per_binary_model_workload_index_and_policy
     assert runner.ledger_summary(str(tmp_path / "none")) is None and runner.ledger_summary("") is None
 
 
-def test_a_shared_runs_logs_move_beside_it_so_every_report_names_a_log_that_exists(tmp_path, monkeypatch):
+def test_a_shared_runs_logs_are_kept_beside_it_so_every_report_names_a_log_that_exists(tmp_path, monkeypatch):
     """The first comparison's directory (a test's tmp_path) goes when it passes; the run read back
-    by later ones names its log, and each earlier start's, in the job's directory."""
+    by later ones names its log, and each earlier start's, in the job's directory, while the first
+    directory keeps its own logs (a test reads them there)."""
+    import shutil
+
     from dataclasses import replace
 
     binary, model = tmp_path / "llama-server", tmp_path / "m.gguf"
@@ -78,7 +81,8 @@ def test_a_shared_runs_logs_move_beside_it_so_every_report_names_a_log_that_exis
     monkeypatch.setenv(runner.SHARED_ENV, str(tmp_path / "shared"))
     made, _ = runner.shared("base", binary, model, workload.load("overflow-4"), 0, "largest", lambda: run)
     read, kept = runner.shared("base", binary, model, workload.load("overflow-4"), 0, "largest", lambda: 1 / 0)
-    assert kept and read == made and not list(first.iterdir())
+    assert kept and read == made and (first / "base.log").read_text() == "the run's log"
+    shutil.rmtree(first)
     assert Path(read.log).parent == tmp_path / "shared" and Path(read.log).read_text() == "the run's log"
     assert Path(read.earlier[0].log).read_text() == "an earlier start's log" != read.log
 
