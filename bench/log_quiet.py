@@ -36,9 +36,11 @@ def runs(res: verify.Result):
 
 def traffic_runs(tree: Path, family: str, out: Path):
     """(workload, log bytes, quiet bytes) of every traffic run `patchkit traffic --patch family` made."""
-    subprocess.run([sys.executable, "-m", "toolkit", "traffic", "--repo", str(tree), "--base", source.BASELINE_TAG,
-                    "--patch", family, "--report-dir", str(out)],
-                   cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "toolkit", "traffic", "--repo", str(tree), "--base", source.BASELINE_TAG,
+                          "--patch", family, "--report-dir", str(out)],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    if not (out / "traffic.json").exists():
+        raise SystemExit(f"patchkit traffic --patch {family} wrote no report (exit {res.returncode}):\n{res.stderr[-2000:]}")
     for w in json.loads((out / "traffic.json").read_text())["workloads"]:
         for runs in w["sides"].values():
             for s in runs:

@@ -88,7 +88,6 @@ class Endpoint:
     log: Path
 
 
-
 @lru_cache(maxsize=1)
 def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
@@ -99,6 +98,7 @@ def local_client(**kw) -> httpx.Client:
     one TLS context (it is never used over plain HTTP, but httpx builds one per client by default,
     loading the CA bundle: 24 ms a client, measured, paid by every server start and every user)."""
     return httpx.Client(trust_env=False, verify=_tls(), **kw)
+
 
 class Server:
     def __init__(self, binary: Path, model: Path, args: Sequence[str], log_path: Path,

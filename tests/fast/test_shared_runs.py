@@ -1,6 +1,8 @@
 """PATCHKIT_SHARED_RUNS: a job's reference runs (base, control) measured once per what makes them
 the same measurement, read back by every later comparison; nothing shared without it."""
 import os
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from toolkit import runner, workload
@@ -65,10 +67,6 @@ def test_a_shared_runs_logs_are_kept_beside_it_so_every_report_names_a_log_that_
     """The first comparison's directory (a test's tmp_path) goes when it passes; the run read back
     by later ones names its log, and each earlier start's, in the job's directory, while the first
     directory keeps its own logs (a test reads them there)."""
-    import shutil
-
-    from dataclasses import replace
-
     binary, model = tmp_path / "llama-server", tmp_path / "m.gguf"
     binary.write_bytes(b"server")
     model.write_bytes(b"model")
