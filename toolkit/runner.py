@@ -181,6 +181,13 @@ def _logs_kept(r: Run, where: Path, key: str) -> Run:
                                                         for k, e in enumerate(r.earlier)))
 
 
+def fresh_log(path: Path) -> None:
+    """An empty log at `path`, a new file, not the old one emptied: an earlier run's log there may
+    be kept (hard linked) in the job's shared directory (`_logs_kept`) and must keep its text."""
+    path.unlink(missing_ok=True)
+    path.write_text("")
+
+
 def made(kind: str, binary: Path, model: Path, wl: Workload, index: int, policy: str, r: Run, extra: object) -> None:
     """A run that is never shared (a candidate's), written in the job's ledger under the key it would
     have (`extra`: what else sets it apart, the candidate's environment and flags): how often a job
@@ -278,7 +285,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
     if wl.server.lora:
         args += ["--lora", str(model_mod.lora(model))]  # each request names its scale (Request.lora)
     args += list(extra_args)
-    log_path.write_text("")
+    fresh_log(log_path)
     srv = Server(binary, model, args, log_path, env=env)
     with srv as ep:
         if any(r.text for r in wl.requests):

@@ -83,6 +83,14 @@ def test_a_shared_runs_logs_are_kept_beside_it_so_every_report_names_a_log_that_
     shutil.rmtree(first)
     assert Path(read.log).parent == tmp_path / "shared" and Path(read.log).read_text() == "the run's log"
     assert Path(read.earlier[0].log).read_text() == "an earlier start's log" != read.log
+    # the next run at a kept log's path writes a new file: the kept one keeps its text
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "base.log").write_text("run one")
+    kept_one = runner._logs_kept(replace(run, log=str(again / "base.log"), earlier=()), tmp_path / "shared", "k")
+    runner.fresh_log(again / "base.log")
+    (again / "base.log").write_text("run two")
+    assert Path(kept_one.log).read_text() == "run one"
 
 
 def test_every_real_file_has_its_place_in_the_longest_first_order():
