@@ -54,19 +54,24 @@ def _logged_tokens(run: Run) -> dict[int, list[int]]:
 
 
 def log_truncated(run: Run) -> bool:
-    """The log ends before the run did: every slot's logged tokens are a prefix of its stream, and
-    some are shorter (measured under load: the server's asynchronous logger had not written the
-    overflow when the log was read), and the server's exit line is missing. Missing evidence, not
-    contrary evidence."""
+    """The log ends before the run did: the server's exit line is missing, every slot's logged
+    tokens are a prefix of what its client received, and the client saw more: more tokens, or an
+    error the log never shows (a request not streamed receives no tokens, only its answer).
+    Measured under load: the server's asynchronous logger had not written the overflow when the
+    log was read (a streamed base run; then overflow-nonstream's, in a cold clean-clone run).
+    Missing evidence, not contrary evidence."""
     if any(t.kind == "exit" for t in run.trace):
         return False
     logged = _logged_tokens(run)
+    slot_of = {t.task: t.slot for t in run.trace if t.kind == "launch"}
+    errors_logged = {slot_of.get(t.task) for t in run.trace if t.kind == "error"}
     short = False
     for o in run.outcomes:
         got = tuple(logged.get(o.slot, []))
-        if got != o.tokens[:len(got)]:
+        if o.tokens and got != o.tokens[:len(got)]:
             return False
-        short |= len(got) < len(o.tokens)
+        short |= len(got) < len(o.tokens) or (o.outcome == "errored" and bool(o.error)
+                                               and o.slot not in errors_logged)
     return short
 
 

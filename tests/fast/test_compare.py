@@ -467,6 +467,17 @@ def test_a_log_that_ends_before_the_run_is_missing_evidence_not_a_fail():
     v = verify.judge(WL, "base", early, control=control())
     got = {c.name: c.status for c in v.checks}
     assert v.ok and got["log-matches-streams"] == "inconclusive" and got["all-slots-errored"] == "pass", got
+    # not streamed (overflow-nonstream, a cold clean-clone run): the clients received no tokens,
+    # only their answers, so the prefix says nothing; an error the log never shows says it ended early
+    quiet = replace(early, outcomes=tuple(replace(o, tokens=(), token_t=()) for o in early.outcomes))
+    assert measure.log_truncated(quiet)
+    v = verify.judge(WL, "base", quiet, control=control())
+    got = {c.name: c.status for c in v.checks}
+    assert v.ok and got["log-matches-streams"] == "inconclusive" and got["all-slots-errored"] == "pass", got
+    # the whole log, exit line removed: every error it shows, so nothing says it ended early
+    whole = replace(r, trace=tuple(t for t in r.trace if t.kind != "exit"),
+                    outcomes=tuple(replace(o, tokens=(), token_t=()) for o in r.outcomes))
+    assert not measure.log_truncated(whole)
 
 
 def test_a_request_handed_to_the_queue_between_the_bugs_errors_does_not_split_them():
