@@ -206,6 +206,24 @@ TRACE_RES = (
 )
 
 
+_LAUNCH_LINE = re.compile(_SLOT + r"processing task")
+
+
+def last_request_ended(text: str) -> bool | None:
+    """Has upstream's log written the end (its slot's "stop processing") of the last request the
+    server launched? None: the log names no launch (a layout or a run without the verbose lines).
+    The server's logger writes from a queue on its own thread and is never flushed at exit
+    (upstream leaks it on purpose, common/log.cpp), so a log read after a stop on a loaded machine
+    can miss its last ~50 KB; a run waits for this line before it stops the server."""
+    at = text.rfind("| processing task")   # a slot's launch, not the queue's "processing task, id = 7"
+    if at < 0:
+        return None
+    m = _LAUNCH_LINE.search(text, text.rfind("\n", 0, at) + 1)
+    if m is None:
+        return None
+    return re.search(rf"\| task {m[2]} \| stop processing", text[m.end():]) is not None
+
+
 # a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
 _TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "n_decoded = ", "retrying", "memory slot", "send_error",
                 "stop processing", "processing task", "start_loop: processing", "state_read_meta",

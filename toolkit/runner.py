@@ -33,8 +33,8 @@ from . import cache, measure
 from . import model as model_mod
 from .errors import UsageError
 from .exchange import exchange
-from .record import (Run, Sample, events_from_log, largest_gap, launch_times, metrics_from_text, pool_cells,
-                     sanitizer_findings, trace_from_log)
+from .record import (Run, Sample, events_from_log, largest_gap, last_request_ended, launch_times, metrics_from_text,
+                     pool_cells, sanitizer_findings, trace_from_log)
 from .server import Server
 from .workload import Request, Workload, prompt_ids
 
@@ -181,6 +181,19 @@ def _logs_kept(r: Run, where: Path, key: str) -> Run:
                                                         for k, e in enumerate(r.earlier)))
 
 
+def caught_up(log_path: Path, deadline_s: float = 10.0) -> bool:
+    """Wait (at most `deadline_s`) until the server's log has written the end of the last request
+    it launched, one whose client saw it complete: everything before it is then in the file (the
+    logger writes in order). Measured in a cold clean-clone run: a base run's log lost its last
+    50 KB (the overflow, the follow-up, the exit line) at the stop, and five tests failed on it."""
+    end = time.monotonic() + deadline_s
+    while True:
+        done = last_request_ended(log_path.read_text(errors="replace"))
+        if done is not False or time.monotonic() > end:
+            return done is not False
+        time.sleep(0.02)
+
+
 def fresh_log(path: Path) -> None:
     """An empty log at `path`, a new file, not the old one emptied: an earlier run's log there may
     be kept (hard linked) in the job's shared directory (`_logs_kept`) and must keep its text."""
@@ -324,6 +337,8 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             pool_probe = "completed" if o.outcome == "completed" else f"{o.outcome}: {o.error or 'no error text'}"
         metrics = _scrape(srv) if alive else None
         code = srv.returncode()
+        if followup_ok:
+            caught_up(log_path)
     size, text = log_path.stat().st_size, log_path.read_text(errors="replace")
     return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),

@@ -413,6 +413,8 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
             a = _ask(c, [{"role": "user", "content": "after"}], Turn(-1, 0, "after", 8, 0.0), 0, t0, counter)
             c.close()
             after = "completed" if a.ok and a.text else (a.error or "no content")
+            if after == "completed":
+                runner_mod.caught_up(log_path)      # the logger's queue written before the stop reads it
     size, text = log_path.stat().st_size, log_path.read_text(errors="replace")
     trace = record.trace_from_log(text)
     return TrafficRun(t.name, side, wall, tuple(sorted(attempts, key=lambda a: (a.user, a.turn, a.attempt))),

@@ -540,3 +540,28 @@ def test_a_log_that_grows_while_no_request_receives_anything_is_a_flood(tmp_path
     why = flood(2.0)
     assert why and "while no request received anything" in why and flood.most == runner.QUIET_CAP + 1
     assert runner.Flood(tmp_path / "missing.log")(1.0) is None
+
+
+def test_a_run_waits_for_the_log_to_write_its_last_requests_end(tmp_path):
+    """Upstream's logger writes from a queue on its own thread and is never flushed at exit: a run
+    reads the log only once it holds the end ("stop processing") of the last request the server
+    launched (the follow-up, whose client saw it complete), so nothing before it is missing."""
+    import threading
+
+    from toolkit import record, runner
+
+    head = ("0.1 I slot launch_slot_: id  0 | task 0 | processing task, is_child = 0\n"
+            "0.2 I slot      release: id  0 | task 0 | stop processing: n_tokens = 16, truncated = 0\n"
+            "0.3 I slot launch_slot_: id  1 | task 7 | processing task, is_child = 0\n"
+            "0.4 D que  process_new_: processing task, id = 9\n")      # the queue's line: no launch
+    end = "0.5 I slot      release: id  1 | task 7 | stop processing: n_tokens = 16, truncated = 0\n"
+    assert record.last_request_ended(head) is False and record.last_request_ended(head + end) is True
+    assert record.last_request_ended("a log without launches\n") is None          # nothing to wait for
+    log = tmp_path / "server.log"
+    log.write_text(head)
+    later = threading.Timer(0.2, lambda: log.write_text(head + end))
+    later.start()
+    assert runner.caught_up(log, deadline_s=5.0)                   # waited for the logger, then read
+    later.join()
+    log.write_text(head)
+    assert runner.caught_up(log, deadline_s=0.1) is False          # a last request never ended: bounded
