@@ -47,6 +47,14 @@ def test_build_produces_server_and_compile_commands(c2_base):
     assert any(e["file"].endswith("server-context.cpp") for e in db)
     out = subprocess.run([str(c2_base.binary), "--version"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0
+    # the optimisation levels (build.OPT_FLAGS): ggml's kernels at -O3 through ggml's project
+    # include, every other TU at -O1, as CMake wrote them (the compile commands the checks use)
+    levels: dict[str, set[str]] = {}
+    for e in db:
+        rel = os.path.relpath(e["file"], c2_base.workspace.src)
+        flags = [a for a in e["command"].split() if a in ("-O0", "-O1", "-O2", "-O3")]
+        levels.setdefault("ggml" if rel.startswith("ggml/") else "other", set()).add(" ".join(flags))
+    assert levels == {"ggml": {"-O3"}, "other": {"-O1"}}, levels
 
 
 def test_second_build_is_reused(c2, c2_base):
