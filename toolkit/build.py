@@ -49,7 +49,7 @@ OFFLINE_FLAGS = (
 # Release flags (-O3: a real model's matmuls, whose portable fallbacks are auto-vectorised), and every
 # other TU -- llama, common, mtmd, the server and its vendored headers -- at -O1. Those TUs are most of
 # a cold run's compile time: the patched server-context.cpp alone compiles once per candidate, variant
-# schema and mutant schema (39 times in a cold CI run; 15.1 s at -O3, 10.2 s at -O1, measured), and
+# schema and mutant schema (31 times in a cold CI run; 15.1 s at -O3, 10.2 s at -O1, measured), and
 # upstream's header-heavy TUs take 40 % less at -O1. Measured on C2 with the witness: the laboratory
 # runs and a 40-turn chat cost the server the same CPU this way as at -O3 (-O1 for ggml too: 1.4x).
 # Set per CMake project: ggml's own project() includes GGML_RELEASE, so compile_commands.json holds
