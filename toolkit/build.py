@@ -113,10 +113,16 @@ class Options:
 def plain_opt_flags() -> tuple[str, ...]:
     """OPT_FLAGS, and ggml's project at -O3 (GGML_RELEASE, written once into the cache: its path is
     part of the flags, so of the workspace's and the binary's key)."""
-    path = cache.sub("launchers") / f"ggml-release-{cache.digest(GGML_RELEASE)}.cmake"
-    if not path.exists() or path.read_text() != GGML_RELEASE:
-        cache.write_atomic(path, GGML_RELEASE)
-    return OPT_FLAGS + (f"-DCMAKE_PROJECT_ggml_INCLUDE={path}",)
+    return OPT_FLAGS + (f"-DCMAKE_PROJECT_ggml_INCLUDE={_flag_file('ggml-release', '.cmake', GGML_RELEASE)}",)
+
+
+def _flag_file(prefix: str, suffix: str, text: str, mode: int | None = None) -> Path:
+    """A file the build flags name (a launcher, a CMake include), named by its content under the
+    cache's launchers/ and written back when missing or changed (pruned, edited)."""
+    path = cache.sub("launchers") / f"{prefix}-{cache.digest(text)}{suffix}"
+    if not path.exists() or path.read_text() != text:
+        cache.write_atomic(path, text, mode=mode)
+    return path
 
 
 def scoped_launcher(sanitize: tuple[str, ...], only: tuple[str, ...]) -> Path:
@@ -136,10 +142,7 @@ def scoped_launcher(sanitize: tuple[str, ...], only: tuple[str, ...]) -> Path:
             'for a in "$@"; do [ "$prev" = "-c" ] && src=$a; prev=$a; done\n'
             f'case "$src" in {cases}) set -- "$@" {extra} ;; esac\n'
             f"{run}\n")
-    path = cache.sub("launchers") / f"sanitize-{cache.digest(text)}.sh"
-    if not path.exists() or path.read_text() != text:
-        cache.write_atomic(path, text, mode=0o755)
-    return path
+    return _flag_file("sanitize", ".sh", text, mode=0o755)
 
 
 @dataclass(frozen=True)
