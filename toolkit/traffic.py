@@ -94,7 +94,7 @@ class Traffic:
     heavy: tuple[int, ...] = ()    # users whose messages are `heavy_factor` times longer (they paste documents)
     heavy_factor: float = 1.0
     retries: int = 6               # regenerates of a failed turn before the user gives up
-    backoff_s: float = 0.25        # before the k-th regenerate the user waits think + backoff * 2**k (a
+    backoff_s: float = 0.25        # before the k-th regenerate the user waits think + backoff(t, k - 1) (a
     #                                client's exponential backoff: 0.25, 0.5, 1, 2, 4, 8 s)
     threads: int = 1               # -t: no code path depends on it; 1 keeps a loaded machine's pace
     # bad input and rude clients, by user: a first turn longer than the whole pool (the server must
@@ -113,6 +113,12 @@ class Traffic:
 
     def argv(self) -> list[str]:
         return ["-c", str(self.ctx), "-np", str(self.parallel), "-kvu", "-t", str(self.threads)]
+
+
+def backoff(t: Traffic, r: int) -> float:
+    """What a user waits (beyond thinking) after its r-th failed try (0: the first) before the next:
+    doubled each time. Never after the last: the user gives up at once."""
+    return t.backoff_s * 2 ** r
 
 
 @dataclass(frozen=True)
@@ -331,8 +337,8 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
             if k in gates:
                 gates[k].wait()
             turn_now[0] = k
-            for k in range(t.retries + 1):
-                a = _ask(client, list(messages), turn, k, t0, counter, heard)
+            for r in range(t.retries + 1):
+                a = _ask(client, list(messages), turn, r, t0, counter, heard)
                 with lock:
                     out.append(a)
                 if a.ok:
@@ -340,12 +346,12 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
                     break
                 if a.cause == "refused":        # "your message is too long": retrying cannot help
                     return
+                if r == t.retries:              # the last regenerate failed: the user gives up now, not
+                    with lock:                  # after one more backoff (16 s, which no request follows)
+                        lost.append(turn.user)
+                    return
                 # a person (or an agent's client) reads the error, backs off, then retries
-                time.sleep(turn.think_s + t.backoff_s * 2 ** k)
-            else:
-                with lock:
-                    lost.append(turn.user)
-                return
+                time.sleep(turn.think_s + backoff(t, r))
     finally:
         with lock:
             conversations[turns[0].user if turns else 0] = tuple(messages)

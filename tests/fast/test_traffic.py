@@ -20,6 +20,14 @@ def test_every_fixture_loads_and_plans_the_same_traffic_twice():
         assert len(traffic.plan(t)) == t.users and all(len(u) == t.turns for u in traffic.plan(t))
 
 
+def test_a_user_backs_off_doubling_between_tries_and_gives_up_without_a_last_wait():
+    t = traffic.load("lmstudio-1757")
+    assert [traffic.backoff(t, r) for r in range(t.retries)] == [0.25, 0.5, 1, 2, 4, 8]
+    # what a user who gives up waited in all, beyond thinking: the six waits between seven tries
+    # (the loop once slept a seventh, 16 s after its last try, before it gave up: 31.75 s)
+    assert sum(traffic.backoff(t, r) for r in range(t.retries)) == 15.75
+
+
 def test_messages_are_vocabulary_characters_so_they_tokenize_one_per_character():
     vocab = set(model.vocabulary()[3:])
     for name in traffic.available():

@@ -42,6 +42,13 @@ def test_the_users_reports_on_base_and_candidate(c2_base, c2_patched, tmp_path):
     # lmstudio-1757's base ran out of room once and ended nobody, the candidate then evicted 3
     # times): one of the two in each run (lemonade's six users on four slots, in every run so far)
     assert any(n > 1 for name in ("lmstudio-1757", "lemonade-3276") for n in sides(doc, name)[0]["overflows"])
+    # a user who gives up does so at its last try's end, not after one more backoff (16 s): a run
+    # ends within a few seconds of its last answer (the users' threads are joined every 0.5 s)
+    for w in doc["workloads"]:
+        for side in (s for runs in w["sides"].values() for s in runs):
+            gave_up = any(u["lost"] for u in side["users"])
+            idle = side["wall_s"] - max(a["start_s"] + a["latency_s"] for a in side["attempts"])
+            assert not gave_up or idle < 8.0, (w["traffic"], idle)
     # and LM Studio #1757's overlap by design, in every run: resend-together's three users send their
     # second turn at the same moment (the server stopped while they send), so the pool runs out while
     # all three are in their prompts. The base ends all three at that one overflow; the eviction ends
