@@ -321,6 +321,7 @@ class OperatorCampaign:
     seconds: float
     tce: str = ""               # how trivial compiler equivalence was measured, or why it was not
     model: str = ""             # what served the workloads (--model; "" = each workload's own, the witness)
+    schema_read_back: bool = False  # the schema (its sites, its stillborn) made by an earlier run for this tree
 
     @property
     def killed(self) -> int:
@@ -338,36 +339,16 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     """Every operator mutant of the lines `patch_name` adds (toolkit/operators.py), compiled into
     ONE schema binary, each selected at run time and judged by the workloads in order, stopping at
     the first failed check. `sample_n`/`seed`: a seeded sample; `shard` (k, n): every n-th from k."""
-    from . import codeindex, operators
+    from . import operators
 
     t0 = time.monotonic()
     spec = patch_mod.load_patch(patch_name)
     right, an = apply_mod.candidate_commit(repo, base, patch_name, "largest", None, build_mod.Options(), progress)
     rel = an.file
-    with build_mod.held(repo, right, build_mod.Options(), progress) as ws:
-        source = (ws.src / rel).read_text()
-        added = check_mod.added_lines(repo.git.show(f"{base}:{rel}"), source)
-        progress(f"parsing {rel} with libclang for operator sites")
-        tu = codeindex.parse(ws.compile_command(rel))  # the AST stays valid once the workspace moves on
-    dead: set[int] = set()
     t = time.monotonic()
-    for _ in range(5):
-        schema = operators.build_schema(tu, source, added, frozenset(dead))
-        sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(),
-                                    f"patchkit: operator mutant schema of {spec.name} ({len(schema.mutants)} mutants)")
-        say(f"schema: {len(schema.mutants)} mutants on {len(added)} added lines; compiling the TU once")
-        try:
-            build_mod.build(repo, sha, build_mod.Options(), progress)
-            break
-        except BuildError as e:
-            log = Path(e.log).read_text(errors="replace") if e.log else str(e)
-            bad = operators.stillborn(log, schema) - dead
-            if not bad:
-                raise
-            say(f"  stillborn (does not compile): {sorted(bad)}; building the schema without them")
-            dead |= bad
-    else:
-        raise BuildError("the operator schema did not compile after 5 rounds of removing stillborn mutants")
+    schema, dead, read_back = _operator_schema(repo, base, right, rel, spec, say, progress)
+    sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _operator_message(spec, schema))
+    build_mod.build(repo, sha, build_mod.Options(), progress)   # found by its tree when the schema was built before
     build_s = time.monotonic() - t
     generated = len(schema.mutants) + len(dead) + schema.duplicates
     chosen = operators.sample(schema.mutants, sample_n, seed)
@@ -376,14 +357,14 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
     equivalent = {(e["operator"], e["context"], e["original"], e["mutated"]): e["why"] for e in spec.equivalent}
     from . import tce as tce_mod
     with build_mod.held(repo, sha, build_mod.Options(), progress) as ws:
-        same = tce_mod.measure(schema.text, ws.compile_command(rel), [m.id for m in schema.mutants],
+        same = tce_mod.measure_cached(schema.text, ws.compile_command(rel), [m.id for m in schema.mutants],
                                out_dir / "tce", operators.SWITCH, progress)
     if same is None:
         tce_how = "not measured: no clang++ with LLVM's opt and llvm-extract here (Debian: clang, llvm)"
     else:
         tce_how = (f"{same.compiler.split(' (')[0]} -O2 of the {len(same.functions) - 1} function(s) holding a switch, "
                    f"{len(same.equivalent)} of {len(schema.mutants)} equal to the right patch or an earlier mutant, "
-                   f"{same.seconds:.0f} s")
+                   f"{same.seconds:.0f} s" + (" (measured once for this schema, read back)" if same.cached else ""))
     say(f"TCE: {tce_how}")
     reuse: dict = {}
     say("[schema] the right patch (no mutant selected) through the suite")
@@ -447,7 +428,61 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
         results.append(killed)
     # (the schema with no mutant selected passed the suite: the campaign raises before judging otherwise)
     return OperatorCampaign(base, sha, repo.commit(sha).tree.hexsha, generated, schema.duplicates, tuple(sorted(dead)),
-                            tuple(results), build_s, time.monotonic() - t0, tce_how, model_name or "")
+                            tuple(results), build_s, time.monotonic() - t0, tce_how, model_name or "", read_back)
+
+
+def _operator_message(spec, schema) -> str:
+    return f"patchkit: operator mutant schema of {spec.name} ({len(schema.mutants)} mutants)"
+
+
+def _operator_schema(repo: git.Repo, base: str, right: str, rel: str, spec, say, progress):
+    """(the operator schema of the right patch's `rel`, its stillborn mutants' ids, whether it was
+    read back). Made once per
+    content (the right patch's tree, the build's flags, operators.py's own code) and kept in the
+    cache: a campaign's shards and its later runs pay no libclang parse (6 s measured) and no
+    stillborn rounds (each a compile of the TU)."""
+    from . import cache, codeindex, operators
+
+    opts = build_mod.Options()
+    key = cache.digest("operators", repo.commit(right).tree.hexsha, rel, opts.key(),
+                       Path(operators.__file__).read_bytes())
+    path = cache.sub("schemata") / f"operators-{key}.json"
+    with cache.locked(path.with_name(path.name + ".lock")):   # the lock prune takes too
+        if path.exists():
+            doc = json.loads(path.read_text())
+            cache.touch(path)
+            schema = operators.Schema(doc["text"], tuple(operators.Mutant(**m) for m in doc["mutants"]),
+                                      doc["duplicates"])
+            say(f"schema: {len(schema.mutants)} mutants on {doc['added']} added lines (made once for this tree, "
+                "read back)")
+            return schema, frozenset(doc["dead"]), True
+        with build_mod.held(repo, right, opts, progress) as ws:
+            source = (ws.src / rel).read_text()
+            added = check_mod.added_lines(repo.git.show(f"{base}:{rel}"), source)
+            progress(f"parsing {rel} with libclang for operator sites")
+            tu = codeindex.parse(ws.compile_command(rel))  # the AST stays valid once the workspace moves on
+        dead: set[int] = set()
+        for _ in range(5):
+            schema = operators.build_schema(tu, source, added, frozenset(dead))
+            sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _operator_message(spec, schema))
+            say(f"schema: {len(schema.mutants)} mutants on {len(added)} added lines; compiling the TU once")
+            try:
+                build_mod.build(repo, sha, opts, progress)
+                break
+            except BuildError as e:
+                log = Path(e.log).read_text(errors="replace") if e.log else str(e)
+                bad = operators.stillborn(log, schema) - dead
+                if not bad:
+                    raise
+                say(f"  stillborn (does not compile): {sorted(bad)}; building the schema without them")
+                dead |= bad
+        else:
+            raise BuildError("the operator schema did not compile after 5 rounds of removing stillborn mutants")
+        from dataclasses import asdict
+        cache.write_atomic(path, json.dumps({"text": schema.text, "mutants": [asdict(m) for m in schema.mutants],
+                                             "duplicates": schema.duplicates, "dead": sorted(dead),
+                                             "added": len(added)}))
+    return schema, frozenset(dead), False
 
 
 def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
@@ -476,7 +511,8 @@ def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:
     return OperatorCampaign(d0["base"], d0["schema_commit"], d0["schema_tree"], d0["generated"], d0["duplicates"],
                             tuple(d0["stillborn"]),
                             tuple(results[k] for k in sorted(results)), max(d["schema_build_s"] for d in docs),
-                            max(d["seconds"] for d in docs), d0.get("tce", ""), d0.get("model", ""))
+                            max(d["seconds"] for d in docs), d0.get("tce", ""), d0.get("model", ""),
+                            all(d.get("schema_read_back", False) for d in docs))
 
 
 def operator_doc(c: OperatorCampaign) -> dict:
@@ -486,7 +522,8 @@ def operator_doc(c: OperatorCampaign) -> dict:
             "duplicates": c.duplicates,
             "stillborn": list(c.stillborn), "killed": c.killed, "alive": len(c.alive),
             "schema_build_s": round(c.schema_build_s, 1), "seconds": round(c.seconds, 1),
-            "tce": c.tce, "model": c.model, "tce_equivalent": sum(r.status == "tce" for r in c.results),
+            "tce": c.tce, "model": c.model, "schema_read_back": c.schema_read_back,
+            "tce_equivalent": sum(r.status == "tce" for r in c.results),
             "tce_duplicates": sum(r.status == "tce-duplicate" for r in c.results),
             "mutants": [asdict(x) for x in c.results]}
 

@@ -3,6 +3,7 @@ added lines on C2, all compiled into ONE schema binary (one TU on the shared bui
 selected at run time and judged by the default suite, stopping at its first failed check. Every
 sampled mutant is killed, or argued equivalent in patch.toml with its measurement."""
 import json
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +37,12 @@ def test_a_seeded_sample_of_operator_mutants_is_killed_or_argued(c2, c2_base, tm
     res2 = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--operators",
                            "--sample", "10", "--seed", "26", "--shard", "2/2", "--workload", "overflow-4",
                            "--report-dir", str(tmp_path / "s2"), "--json"], capture_output=True, text=True)
-    ids2 = {m["id"] for m in json.loads(res2.stdout)["mutants"]}
+    doc2 = json.loads(res2.stdout)
+    ids2 = {m["id"] for m in doc2["mutants"]}
+    # the shard reads the campaign's schema and TCE back (made once per content): no parse, no clang
+    assert doc2["tce"] == doc["tce"].removesuffix(" (measured once for this schema, read back)") + \
+        " (measured once for this schema, read back)", (doc["tce"], doc2["tce"])
+    assert doc2["schema_read_back"], doc2
     assert ids2 and ids2 < {m["id"] for m in doc["mutants"]}
     # plan -> shards -> merge: shard 1/2 too, then the join holds every mutant of the sample once
     res1 = subprocess.run([sys.executable, "-m", "toolkit", "mutants", "--repo", str(c2.path), "--operators",
@@ -60,14 +66,21 @@ int (*keep_hidden)(int) = hidden;
 """
 
 
-def test_tce_finds_code_equal_to_the_right_patchs_or_another_mutants_and_nothing_else(tmp_path):
+def test_tce_finds_code_equal_to_the_right_patchs_or_another_mutants_and_nothing_else(tmp_path, monkeypatch):
     """Trivial compiler equivalence can fail both ways: `a * 2` for `a + a` is the right patch's code
     at -O2 (TCE); `2 + a` is #2's `a + 2` (a duplicate); `a + 2` and a mutant in a static function
-    only reached through a pointer differ (a holder -O2 would delete as unused must still count)."""
+    only reached through a pointer differ (a holder -O2 would delete as unused must still count).
+    Measured once per content: the second call reads it back, the compared functions written again."""
     assert tce.tools(), "TCE needs clang++ with LLVM's opt and llvm-extract (Debian: clang, llvm)"
+    monkeypatch.setenv("PATCHKIT_CACHE", str(tmp_path / "cache"))
     f = tmp_path / "t.cpp"
     f.write_text(TCE_SRC)
-    got = tce.measure(TCE_SRC, CompileCommand(f, tmp_path, ("c++", "-O1", "-c", str(f), "-o", "t.o")), [1, 2, 3, 4],
-                      tmp_path / "w", operators.SWITCH)
-    assert got.equivalent == {1: "the right patch", 3: "#2"}, got
+    cmd = CompileCommand(f, tmp_path, ("c++", "-O1", "-c", str(f), "-o", "t.o"))
+    got = tce.measure_cached(TCE_SRC, cmd, [1, 2, 3, 4], tmp_path / "w", operators.SWITCH)
+    assert got.equivalent == {1: "the right patch", 3: "#2"} and not got.cached, got
     assert {"_Z5twicei", "_Z4nexti"} <= set(got.functions)
+    again = tce.measure_cached(TCE_SRC, cmd, [1, 2, 3, 4], tmp_path / "w2", operators.SWITCH)
+    assert again == replace(got, cached=True), again
+    assert (tmp_path / "w2" / "holders.ll").read_text() == (tmp_path / "w" / "holders.ll").read_text()
+    # another content (one mutant less) is measured, not read back
+    assert not tce.measure_cached(TCE_SRC, cmd, [1, 2, 3], tmp_path / "w3", operators.SWITCH).cached
