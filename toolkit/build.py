@@ -371,32 +371,6 @@ def binary_store(tree: str, opts: Options) -> Path:
     return cache.root() / "bins" / f"{tree[:16]}-{opts.key()}"
 
 
-NINJA_LOCK = "ninja.lock"
-
-
-@contextmanager
-def one_ninja(progress: ProgressFn, latest: list[str]):
-    """One Ninja at a time on this machine, for every patchkit process. Each runs as many jobs as
-    there are cores, so two side by side only share them; and the second tree's TUs that equal
-    the first's (vendored code, unchanged sources) are then compiled twice instead of replayed by
-    ccache (measured: a cold test run whose C2 and D builds overlapped compiled 47 more of C2's
-    TUs than one where they did not, ~110 s of CPU on 2 cores). Taken innermost, after the
-    workspace's lock, and nothing else is taken under it: no order of two processes deadlocks."""
-    import fcntl
-    with open(cache.sub("locks") / NINJA_LOCK, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            latest[0] = "waiting for another patchkit build on this machine (one Ninja at a time)"
-            progress(latest[0])
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            latest[0] = "starting"
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
           progress: ProgressFn = log_progress, in_workspace: bool = False) -> Built:
     """`in_workspace`: build even if the binary store has this tree, so the workspace's own
@@ -439,7 +413,7 @@ def build(repo: git.Repo, ref: str | None = None, opts: Options = Options(),
 
         progress(f"building {TARGET} at {commit[:12]} (log: {ws.log})")
         # one sanitizer TU can compile for minutes without a Ninja line: say so every 20 s
-        with heartbeat(progress, lambda: f"building, last: {latest[0]}"), one_ninja(progress, latest):
+        with heartbeat(progress, lambda: f"building, last: {latest[0]}"):
             res = proc.stream(argv, log_path=ws.log, on_line=on_line, env=_env(root), timeout=3600)
         if res.rc != 0:
             raise BuildError(f"{TARGET} did not build at {commit[:12]}: {first_error(res.out)}", log=str(ws.log))

@@ -64,35 +64,3 @@ def test_sanitize_only_without_sanitize_is_refused():
     # before anything is fetched (main() turns the exception into exit 2; CliRunner shows it)
     res = CliRunner().invoke(cli, ["build", "--repo", "/nonexistent", "--sanitize-only", "tools/server/*"])
     assert isinstance(res.exception, UsageError) and "give --sanitize too" in str(res.exception)
-
-
-def test_one_ninja_at_a_time_a_second_build_waits_and_says_so(monkeypatch, tmp_path):
-    """build() runs Ninja inside one_ninja: a second build (another thread here, another patchkit
-    process in use) waits for the first's lock, says so, and starts when it is released."""
-    import threading
-    import time
-
-    monkeypatch.setenv("PATCHKIT_CACHE", str(tmp_path))
-    said, inside, first_done = [], [], threading.Event()
-
-    def second():
-        with build.one_ninja(said.append, ["starting"]):
-            inside.append(first_done.is_set())
-
-    with build.one_ninja(said.append, ["starting"]):
-        th = threading.Thread(target=second)
-        th.start()
-        deadline = time.monotonic() + 30
-        while not said and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert said == ["waiting for another patchkit build on this machine (one Ninja at a time)"]
-        th.join(0.3)
-        assert th.is_alive() and not inside, "the second entered while the first held the lock"
-        first_done.set()
-    th.join(10)
-    assert inside == [True]
-    # uncontended: no word of waiting
-    said.clear()
-    with build.one_ninja(said.append, ["starting"]):
-        pass
-    assert said == []
