@@ -437,10 +437,9 @@ def _operator_message(spec, schema) -> str:
 
 def _operator_schema(repo: git.Repo, base: str, right: str, rel: str, spec, say, progress):
     """(the operator schema of the right patch's `rel`, its stillborn mutants' ids, whether it was
-    read back). Made once per
-    content (the right patch's tree, the build's flags, operators.py's own code) and kept in the
-    cache: a campaign's shards and its later runs pay no libclang parse (6 s measured) and no
-    stillborn rounds (each a compile of the TU)."""
+    read back). Made once per content (the right patch's tree, the build's flags, operators.py's
+    own code) and kept in the cache: a campaign's shards and its later runs pay no libclang parse
+    (6 s measured) and no stillborn rounds (each a compile of the TU)."""
     from . import cache, codeindex, operators
 
     opts = build_mod.Options()

@@ -3,9 +3,9 @@ added lines on C2, all compiled into ONE schema binary (one TU on the shared bui
 selected at run time and judged by the default suite, stopping at its first failed check. Every
 sampled mutant is killed, or argued equivalent in patch.toml with its measurement."""
 import json
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from toolkit import operators, patch, source, tce, verify
