@@ -10,6 +10,7 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 
 def root() -> Path:
@@ -60,6 +61,24 @@ def locked(path: Path):
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
+
+def kept(name: str, make: Callable[[], dict | None]) -> tuple[dict | None, bool]:
+    """A JSON document under schemata/ made once per content (`name` carries the content's
+    digest): under the entry's lock, which prune takes too, it is read back (and marked used) or
+    made by `make` and kept; a None from `make` keeps nothing. Returns (the document as JSON reads
+    it back, either way, so both paths give the same types; whether it was read back)."""
+    import json
+    path = sub("schemata") / f"{name}.json"
+    with locked(path.with_name(path.name + ".lock")):
+        if path.exists():
+            touch(path)
+            return json.loads(path.read_text()), True
+        doc = make()
+        if doc is None:
+            return None, False
+        text = json.dumps(doc)
+        write_atomic(path, text)
+        return json.loads(text), False
 
 # ---------------------------------------------------------------- size and pruning
 

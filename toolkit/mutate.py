@@ -164,32 +164,29 @@ def catalog_schema(repo: git.Repo, base: str, patch_name: str, opts: build_mod.O
             continue   # the variant's own build says why (run_mutant renders it alone)
     key = cache.digest(repo.commit(right).tree.hexsha, rel, opts.key(), sorted(
         (n, cache.digest(t)) for n, t in texts.items()))
-    path = cache.sub("schemata") / f"{key}.json"
-    with cache.locked(path.with_name(path.name + ".lock")):   # the lock prune takes too
-        if path.exists():
-            doc = json.loads(path.read_text())
-            if not doc["ids"]:
-                return None
-            schema = variant_schema.Schema(doc["text"], doc["ids"], doc["alone"])
-        else:
-            with build_mod.held(repo, right, opts, progress) as ws:
-                progress(f"parsing {rel} with libclang for the catalog's schema")
-                blocks = variant_schema.blocks_of(codeindex.parse(ws.compile_command(rel)))
 
-            def compiles(schema: variant_schema.Schema) -> str:
-                sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _schema_message(spec, schema))
-                try:
-                    build_mod.build(repo, sha, opts, progress)
-                    return ""
-                except BuildError as e:
-                    return Path(e.log).read_text(errors="replace") if e.log else str(e)
-            schema = variant_schema.settle(right_text, texts, blocks, compiles, progress, build_mod.first_error)
-            cache.write_atomic(path, json.dumps({"text": schema.text, "ids": schema.ids, "alone": schema.alone}))
-            if not schema.ids:
-                return None
-        # the commit is made again where this repository lacks it: the same tree, so the same binary
-        sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _schema_message(spec, schema))
-        build_mod.build(repo, sha, opts, progress)
+    def make() -> dict:
+        with build_mod.held(repo, right, opts, progress) as ws:
+            progress(f"parsing {rel} with libclang for the catalog's schema")
+            blocks = variant_schema.blocks_of(codeindex.parse(ws.compile_command(rel)))
+
+        def compiles(schema: variant_schema.Schema) -> str:
+            sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _schema_message(spec, schema))
+            try:
+                build_mod.build(repo, sha, opts, progress)
+                return ""
+            except BuildError as e:
+                return Path(e.log).read_text(errors="replace") if e.log else str(e)
+        schema = variant_schema.settle(right_text, texts, blocks, compiles, progress, build_mod.first_error)
+        return {"text": schema.text, "ids": schema.ids, "alone": schema.alone}
+
+    doc, _back = cache.kept(key, make)
+    if not doc["ids"]:
+        return None
+    schema = variant_schema.Schema(doc["text"], doc["ids"], doc["alone"])
+    # the commit is made again where this repository lacks it: the same tree, so the same binary
+    sha = apply_mod.commit_text(repo, right, rel, schema.text.encode(), _schema_message(spec, schema))
+    build_mod.build(repo, sha, opts, progress)
     return sha, schema
 
 
@@ -445,16 +442,9 @@ def _operator_schema(repo: git.Repo, base: str, right: str, rel: str, spec, say,
     opts = build_mod.Options()
     key = cache.digest("operators", repo.commit(right).tree.hexsha, rel, opts.key(),
                        Path(operators.__file__).read_bytes())
-    path = cache.sub("schemata") / f"operators-{key}.json"
-    with cache.locked(path.with_name(path.name + ".lock")):   # the lock prune takes too
-        if path.exists():
-            doc = json.loads(path.read_text())
-            cache.touch(path)
-            schema = operators.Schema(doc["text"], tuple(operators.Mutant(**m) for m in doc["mutants"]),
-                                      doc["duplicates"])
-            say(f"schema: {len(schema.mutants)} mutants on {doc['added']} added lines (made once for this tree, "
-                "read back)")
-            return schema, frozenset(doc["dead"]), True
+
+    def make() -> dict:
+        from dataclasses import asdict
         with build_mod.held(repo, right, opts, progress) as ws:
             source = (ws.src / rel).read_text()
             added = check_mod.added_lines(repo.git.show(f"{base}:{rel}"), source)
@@ -477,11 +467,15 @@ def _operator_schema(repo: git.Repo, base: str, right: str, rel: str, spec, say,
                 dead |= bad
         else:
             raise BuildError("the operator schema did not compile after 5 rounds of removing stillborn mutants")
-        from dataclasses import asdict
-        cache.write_atomic(path, json.dumps({"text": schema.text, "mutants": [asdict(m) for m in schema.mutants],
-                                             "duplicates": schema.duplicates, "dead": sorted(dead),
-                                             "added": len(added)}))
-    return schema, frozenset(dead), False
+        return {"text": schema.text, "mutants": [asdict(m) for m in schema.mutants],
+                "duplicates": schema.duplicates, "dead": sorted(dead), "added": len(added)}
+
+    doc, back = cache.kept(f"operators-{key}", make)
+    schema = operators.Schema(doc["text"], tuple(operators.Mutant(**m) for m in doc["mutants"]), doc["duplicates"])
+    if back:
+        say(f"schema: {len(schema.mutants)} mutants on {doc['added']} added lines (made once for this tree, "
+            "read back)")
+    return schema, frozenset(doc["dead"]), back
 
 
 def merge_operator_docs(docs: list[dict]) -> OperatorCampaign:

@@ -180,17 +180,18 @@ def measure_cached(schema_text: str, cmd: CompileCommand, ids: list[int], work: 
     stamp = [(str(t), t.stat().st_size, t.stat().st_mtime_ns) for t in found]
     key = cache.digest(schema_text, cmd.argv, str(cmd.directory), sorted(ids), switch, stamp,
                        Path(__file__).read_bytes())
-    path = cache.sub("schemata") / f"tce-{key}.json"
-    with cache.locked(path.with_name(path.name + ".lock")):   # the lock prune takes too
-        if path.exists():
-            doc = json.loads(path.read_text())
-            work.mkdir(parents=True, exist_ok=True)
-            (work / "holders.ll").write_text(doc.pop("holders"))
-            cache.touch(path)
-            progress("TCE: read back (measured once for this schema, its flags and these tools)")
-            return Tce({int(k): v for k, v in doc["equivalent"].items()}, tuple(doc["functions"]), doc["seconds"],
-                       doc["compiler"], cached=True)
+
+    def make() -> dict | None:
         got = measure(schema_text, cmd, ids, work, switch, progress)
-        if got is not None:
-            cache.write_atomic(path, json.dumps({**asdict(got), "holders": (work / "holders.ll").read_text()}))
-        return got
+        return None if got is None else {**asdict(got), "holders": (work / "holders.ll").read_text()}
+
+    doc, back = cache.kept(f"tce-{key}", make)
+    if doc is None:
+        return None
+    holders = doc.pop("holders")
+    if back:
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "holders.ll").write_text(holders)
+        progress("TCE: read back (measured once for this schema, its flags and these tools)")
+    return Tce({int(k): v for k, v in doc["equivalent"].items()}, tuple(doc["functions"]), doc["seconds"],
+               doc["compiler"], cached=back)

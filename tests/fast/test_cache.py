@@ -63,3 +63,25 @@ def test_a_cache_entry_is_written_whole_with_no_temporary_left(tmp_path):
     cache.write_atomic(path, "#!/bin/sh\nexit 0\n", mode=0o755)
     assert path.read_text() == "#!/bin/sh\nexit 0\n" and os.access(path, os.X_OK)
     assert [p.name for p in tmp_path.iterdir()] == ["entry.sh"]     # the temporary was renamed, not copied
+
+
+def test_a_kept_document_is_made_once_read_back_marked_used_and_none_keeps_nothing(tmp_path, monkeypatch):
+    """cache.kept: the one helper the catalog schema, the operator schema and their TCE share."""
+    from toolkit import cache
+    monkeypatch.setenv("PATCHKIT_CACHE", str(tmp_path))
+    made = []
+
+    def make():
+        made.append(1)
+        return {"ids": {"a": 1}, "t": (1, 2)}
+
+    assert cache.kept("k1", make) == ({"ids": {"a": 1}, "t": [1, 2]}, False)   # JSON's types on both paths
+    entry = tmp_path / "schemata" / "k1.json"
+    t = time.time() - 7200
+    os.utime(entry, (t, t))
+    assert cache.kept("k1", make) == ({"ids": {"a": 1}, "t": [1, 2]}, True)
+    assert len(made) == 1                                   # read back: not made again
+    assert time.time() - entry.stat().st_mtime < 60         # and marked used, so prune keeps it
+    assert cache.kept("k2", lambda: None) == (None, False)
+    assert not (tmp_path / "schemata" / "k2.json").exists()
+    assert cache.kept("k2", make) == ({"ids": {"a": 1}, "t": [1, 2]}, False)   # a None was not kept
