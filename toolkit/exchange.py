@@ -47,6 +47,15 @@ def error_text(body) -> str:
     return str(err)
 
 
+
+def _progress(payload: bytes) -> bool:
+    """Whether a piece of a response's body is the server's work, not its HTTP thread's keep-alive:
+    upstream pings a silent stream with an empty SSE comment (":", every sse_ping_interval s, 30 by
+    default on C2) whatever its loop does, so a loop blocked for good still sends bytes, and a
+    request's idle clock counts only the rest (measured: a deadlocked eviction's stream got a
+    ping every 30 s, and a timeout above 30 s never came)."""
+    return any(line.strip() not in (b"", b":") for line in payload.split(b"\n"))
+
 class Exchange:
     """One request on its own socket: `connect()`, then `write()`, then `on_readable()` until finished."""
 
@@ -102,7 +111,6 @@ class Exchange:
             return
         except OSError as e:
             return self.end("crashed", f"{type(e).__name__}: {e}")
-        self.t_last = time.monotonic()
         self.conn.receive_data(data)
         while not self.finished:
             try:
@@ -115,7 +123,10 @@ class Exchange:
                 return
             if isinstance(ev, h11.Response):
                 self.status = ev.status_code
+                self.t_last = time.monotonic()
             elif isinstance(ev, h11.Data):
+                if _progress(bytes(ev.data)):
+                    self.t_last = time.monotonic()
                 self._buf += bytes(ev.data)
                 if self.req.stream and self.status == 200:
                     self._lines()
@@ -128,7 +139,8 @@ class Exchange:
         for raw in lines:
             line = raw.decode(errors="replace").rstrip("\r")
             if line.startswith(":"):  # an SSE comment: a server that says it preempted / resumed the stream
-                self.notices.append((line[1:].strip(), len(self.tokens)))
+                if line[1:].strip():  # (an empty one is a keep-alive ping: _progress)
+                    self.notices.append((line[1:].strip(), len(self.tokens)))
                 continue
             if not line.startswith("data: "):
                 continue

@@ -279,6 +279,51 @@ class Flood:
         return flooded(self.path)
 
 
+# The least a request may go without a byte before it counts as a hang: verify.idle_timeout's floor
+# for a laboratory run (10x its control's wall above that), and the users' traffic's whole rule
+# (its controls come after it: Stall)
+IDLE_FLOOR_S = 30.0
+
+
+class Stall:
+    """A server that does nothing while requests wait: no token to any stream and no line of its
+    verbose log but keep-alive pings for `quiet_s` seconds, with a request open. A verbose server
+    logs every loop turn that has work (a step, a queued task, a parked slot polled), so its
+    silence with a request open is a loop blocked for good (a deadlock). Its HTTP threads still
+    ping each open stream (an SSE comment every 30 s, logged: measured on C2), which the clients'
+    read timeouts never see pass, so nothing else would end the wait before the run's deadline."""
+
+    KEEPALIVE = ("sending SSE ping", "http: streamed chunk: :")
+
+    def __init__(self, log_path: Path, quiet_s: float = IDLE_FLOOR_S) -> None:
+        self.path, self.quiet_s, self.offset = log_path, quiet_s, 0
+        self.mark, self.since = None, time.monotonic()
+
+    def _logged(self) -> int:
+        """The log's complete lines written since the last call that are not keep-alive pings (a
+        line still being written is read once it is whole)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return 0
+        whole = data[:data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        return sum(1 for line in whole.decode(errors="replace").splitlines()
+                   if line.strip() and not any(k in line for k in self.KEEPALIVE))
+
+    def __call__(self, progress: float, waiting: int) -> str | None:
+        now = time.monotonic()
+        if self._logged() or (progress, waiting) != self.mark or not waiting:
+            self.mark, self.since = (progress, waiting), now
+            return None
+        if now - self.since < self.quiet_s:
+            return None
+        return (f"the server sent no token and logged nothing but keep-alive pings for {now - self.since:.0f} s "
+                f"while {waiting} request(s) waited: its loop is blocked")
+
+
 # the pool probe leaves this many cells unused (its own 8 tokens and slack for the pool's padding)
 PROBE_SLACK = 24
 
@@ -323,19 +368,22 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
                 poller.join(5)
         wall = time.monotonic() - t0
         alive = srv.healthy()  # alive AND answering: a killed server can still look alive for a moment
-        followup_ok = False
+        followup_ok, answers = False, alive
         if alive:
+            # the run's own idle rule: a loop blocked for good (its HTTP threads still answer /health)
+            # is not waited on for a minute per probe, then 30 s for its /metrics
             probe = Request(slot=wl.requests[0].slot, prompt=prompt_ids(8, 99), n_predict=8, stream=False)
-            followup_ok = exchange(ep.port, (probe,), 60)[0].outcome == "completed"
+            followup = exchange(ep.port, (probe,), timeout)[0]
+            followup_ok, answers = followup.outcome == "completed", followup.outcome != "timeout"
         pool_probe = ""
-        if alive and probe_pool:
+        if answers and probe_pool:
             # every request has ended: a prompt of nearly the whole pool fits only if every cell came
             # back (idle slots' cached prompts are purged by the server on demand)
             big = Request(slot=wl.requests[0].slot, prompt=prompt_ids(wl.server.ctx - PROBE_SLACK, 98), n_predict=8,
                           stream=False)
             o = exchange(ep.port, (big,), 120)[0]
             pool_probe = "completed" if o.outcome == "completed" else f"{o.outcome}: {o.error or 'no error text'}"
-        metrics = _scrape(srv) if alive else None
+        metrics = _scrape(srv) if answers else None
         code = srv.returncode()
         if followup_ok:
             caught_up(log_path)

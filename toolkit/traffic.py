@@ -216,16 +216,38 @@ class TrafficRun:
     admissions: tuple = ()                        # requests queued while another was parked (pauses.py)
     log_bytes: int = 0                            # the server's whole log
     log_quiet_bytes: int = 0                      # its most growth while no user sent or received (runner.Flood)
+    stuck: tuple[int, ...] = ()                   # users still waiting for an answer when the run was cut (in `lost`)
+
+
+class Pulse:
+    """What the users' requests do, shared by their threads: `heard` counts every request sent and
+    every chunk received (the run's progress, against which its log's quiet growth is measured:
+    runner.Flood), `waiting` the requests sent and not yet ended (runner.Stall)."""
+
+    def __init__(self) -> None:
+        self.heard, self.waiting, self.lock = 0, 0, threading.Lock()
+
+    def add(self, heard: int, waiting: int = 0) -> None:
+        with self.lock:
+            self.heard += heard
+            self.waiting += waiting
 
 
 def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, counter: list[int],
-         heard: list[int] | None = None) -> Attempt:
-    """One streamed turn. `heard` (shared by every user) counts what any request sent or received:
-    the run's progress, against which its log's quiet growth is measured (runner.Flood)."""
+         pulse: Pulse | None = None) -> Attempt:
+    """One streamed turn, told to `pulse` (shared by every user) as it goes."""
+    pulse = Pulse() if pulse is None else pulse
+    pulse.add(1, waiting=1)
+    try:
+        return _streamed(client, messages, turn, attempt, t0, counter, pulse)
+    finally:
+        pulse.add(0, waiting=-1)
+
+
+def _streamed(client, messages: list[dict], turn: Turn, attempt: int, t0: float, counter: list[int],
+              pulse: Pulse) -> Attempt:
     import openai
 
-    heard = [0] if heard is None else heard
-    heard[0] += 1
     before = counter[0]
     start = time.monotonic() - t0
     text, ttft, cached, status, error, cause = [], None, None, None, "", ""
@@ -234,7 +256,7 @@ def _ask(client, messages: list[dict], turn: Turn, attempt: int, t0: float, coun
                                                 temperature=0, stream=True, stream_options={"include_usage": True})
         status = 200
         for chunk in stream:
-            heard[0] += 1
+            pulse.add(1)
             if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
                 cached = chunk.usage.prompt_tokens_details.cached_tokens
             for ch in chunk.choices:
@@ -315,7 +337,7 @@ class _Together:
 
 def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: float, out: list[Attempt],
           conversations: list, lost: list[int], lock: threading.Lock, ready: threading.Barrier,
-          gates: dict[int, "_Together"], heard: list[int]) -> None:
+          gates: dict[int, "_Together"], pulse: Pulse) -> None:
     counter = [0]
     turn_now: list[int | None] = [None]      # the turn being sent: a together-turn's request counts as sent
     client = _client(url, counter, timeout,
@@ -338,7 +360,7 @@ def _user(url: str, t: Traffic, turns: tuple[Turn, ...], t0: float, timeout: flo
                 gates[k].wait()
             turn_now[0] = k
             for r in range(t.retries + 1):
-                a = _ask(client, list(messages), turn, r, t0, counter, heard)
+                a = _ask(client, list(messages), turn, r, t0, counter, pulse)
                 with lock:
                     out.append(a)
                 if a.ok:
@@ -388,20 +410,22 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
         t0 = time.monotonic()
         ready = threading.Barrier(len(sessions))
         gates = {k: _Together(srv, t.users) for k in t.together}
-        heard = [0]
+        pulse = Pulse()
         threads = [threading.Thread(target=_user, args=(ep.url, t, s, t0, timeout, attempts, conversations, lost, lock,
-                                                        ready, gates, heard), daemon=True) for s in sessions]
+                                                        ready, gates, pulse), daemon=True) for s in sessions]
         for th in threads:
             th.start()
         # cut at the deadline, or as soon as the log floods: a wrong patch whose server loops without
         # progress writes ~6 MB/s (measured: 6.7 GB in 10 min for survivors-reset), and the log is
         # read. Its growth while no user sends or receives anything is the sooner sign, as in a
         # laboratory run (runner.Flood; measured, a parked slot never resumed: cut at the 128 MB
-        # cap, 3 starts, 72 s; at the quiet cap, one start, docs/measured.md)
-        flood, flooded = runner_mod.Flood(log_path), None
+        # cap, 3 starts, 72 s; at the quiet cap, one start, docs/measured.md). A server that goes
+        # silent instead (a loop blocked for good) is cut by the laboratory's idle rule, not after the
+        # clients' retries of a silent request (60 s read timeout, 2 retries, each user's regenerates)
+        flood, stall, flooded = runner_mod.Flood(log_path), runner_mod.Stall(log_path), None
         while any(th.is_alive() for th in threads) and time.monotonic() < t0 + deadline_s and not flooded:
             threads[next(k for k, th in enumerate(threads) if th.is_alive())].join(0.5)
-            flooded = flood(heard[0])
+            flooded = flood(pulse.heard) or stall(pulse.heard, pulse.waiting)
         wall = time.monotonic() - t0
         after = "completed"
         stuck = [k for k, th in enumerate(threads) if th.is_alive()]
@@ -426,7 +450,7 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
     return TrafficRun(t.name, side, wall, tuple(sorted(attempts, key=lambda a: (a.user, a.turn, a.attempt))),
                       tuple(conversations), tuple(sorted(set(lost))), after, str(log_path),
                       shapes(text, attempts), overflows(trace), exit_code, pressure(trace),
-                      pauses_mod.queue_admissions(trace), size, flood.most)
+                      pauses_mod.queue_admissions(trace), size, flood.most, tuple(stuck))
 
 
 def shapes(log_text: str, attempts) -> tuple[str, ...]:
@@ -649,7 +673,9 @@ def _conversations(t: Traffic, r: TrafficRun, side: Side, hungry: tuple[int, ...
     longer than the pool and those starved by the policy (`hungry`), each named."""
     lost = [u for u in r.lost if u not in hungry]
     must, wrong = refusals(t, r)
-    bad = [f"users {lost} gave up after {t.retries} regenerates"] if lost else []
+    gave, waiting = [u for u in lost if u not in r.stuck], [u for u in lost if u in r.stuck]
+    bad = [f"users {gave} gave up after {t.retries} regenerates"] if gave else []
+    bad += [f"users {waiting} were still waiting for an answer when the traffic was cut"] if waiting else []
     bad += [f"user {u} turn {k} refused although " + (f"its {n} cells fit the {t.ctx}-cell pool" if n >= 0 else
                                                        "no recorded conversation shows it longer than the pool")
             for u, (k, n) in wrong.items()]

@@ -277,7 +277,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                   sensitivity=sens, promises=declared.text if declared else "")
 
 
-def idle_timeout(control: Run | None, floor: float = 30.0, default: float = 120.0) -> float:
+def idle_timeout(control: Run | None, floor: float = runner_mod.IDLE_FLOOR_S, default: float = 120.0) -> float:
     """How long a candidate's request may go without a byte: 10x the control run's whole wall time
     (the same requests with room for all, on the same machine just before), at least `floor`;
     `default` without a control."""

@@ -28,6 +28,55 @@ def test_a_user_backs_off_doubling_between_tries_and_gives_up_without_a_last_wai
     assert sum(traffic.backoff(t, r) for r in range(t.retries)) == 15.75
 
 
+
+def test_a_server_is_stalled_only_when_silent_with_a_request_waiting(tmp_path):
+    """runner.Stall: no token (the pulse's count) and no log line but keep-alive pings for quiet_s
+    while a request waits. Users thinking (none waiting), a token or a loop's log line each start
+    the clock again, a ping does not (C2 logs one per open stream every 30 s, whatever its loop
+    does), nor half a line until it is whole."""
+    import time
+
+    from toolkit import runner
+    log = tmp_path / "server.log"
+    log.write_text("start\n")
+
+    def logged(text):
+        with open(log, "a") as fh:
+            fh.write(text)
+    stall = runner.Stall(log, quiet_s=0.2)
+    assert stall(1, 1) is None
+    time.sleep(0.25)
+    assert stall(2, 1) is None                  # a token heard: not silent
+    time.sleep(0.25)
+    logged("0.01.000.000 D slot update_slots: id  0 | task 3 | ...\n")
+    assert stall(2, 1) is None                  # a line of the loop: not silent
+    time.sleep(0.25)
+    assert stall(2, 0) is None                  # silent, but nobody waits (users thinking)
+    time.sleep(0.25)
+    assert stall(2, 2) is None                  # someone waits: the clock starts now
+    time.sleep(0.25)
+    logged("0.30.606.944 D srv    operator(): sending SSE ping\n0.30.607.544 D srv    operator(): http: "
+           "streamed chunk: :\n\n\n0.30.607.600 D srv    oper")
+    said = stall(2, 2)                          # pings, and a line not yet whole, are no progress
+    assert said and said.startswith("the server sent no token and logged nothing but keep-alive pings for 0 s") \
+        and "while 2 request(s) waited: its loop is blocked" in said, said
+    logged("ator(): sending SSE ping\n")
+    assert stall(2, 2) == said                  # its end, another ping: still silent
+    logged("0.31.000.000 D que    start_loop: processing new tasks\n")
+    assert stall(2, 2) is None
+
+
+def test_a_pulse_counts_what_is_heard_and_the_requests_still_waiting():
+    class Failing:           # a client whose request fails at once: the pulse still closes it
+        class chat:
+            class completions:
+                @staticmethod
+                def create(**_kw):
+                    raise RuntimeError("no server")
+    pulse = traffic.Pulse()
+    a = traffic._ask(Failing(), [], traffic.Turn(0, 0, "hi", 4, 0.0), 0, 0.0, [0], pulse)
+    assert a.cause == "client" and (pulse.heard, pulse.waiting) == (1, 0)
+
 def test_messages_are_vocabulary_characters_so_they_tokenize_one_per_character():
     vocab = set(model.vocabulary()[3:])
     for name in traffic.available():
@@ -191,6 +240,11 @@ def test_a_lost_conversation_and_a_dead_server_fail():
     assert [c.name for c in side.checks if c.status == "fail"] == ["conversations-complete"]
     side = traffic.judge(_t(), _run(ok, after="the server died"), ctl)
     assert [c.name for c in side.checks if c.status == "fail"] == ["serves-after"]
+    # a user still waiting when the run was cut did not give up: each is named for what happened
+    cut = replace(_run(ok, lost=(0, 1), after="the traffic was cut: ..."), stuck=(1,))
+    said = {c.name: c.detail for c in traffic.judge(_t(), cut, ctl).checks if c.status == "fail"}
+    assert said["conversations-complete"] == ("users [0] gave up after 6 regenerates; users [1] were still waiting "
+                                              "for an answer when the traffic was cut"), said
 
 
 def test_a_user_lost_only_as_the_one_victim_of_each_overflow_is_starved_not_failed():

@@ -101,6 +101,21 @@ def commit_on(repo: git.Repo, parent: str, files: dict[str, str], msg: str) -> s
     return repo.git.commit_tree(tree, "-p", parent, "-m", msg, env=WHO)
 
 
+
+def blocked_eviction(repo: git.Repo, base: str) -> str:
+    """A wrong patch that deadlocks silently: the default patch whose eviction then waits on a
+    condition nobody signals. Its server stays alive and its HTTP threads go on (they ping the
+    open streams), but its loop writes nothing more: no token, no log line."""
+    from toolkit import apply
+    cand, an = apply.candidate_commit(repo, base)
+    text = repo.git.show(f"{cand}:{an.file}")
+    anchor = "        n_kv_full_evictions++;\n"
+    assert text.count(anchor) == 1
+    hang = ("        { std::mutex m; std::condition_variable cv; std::unique_lock<std::mutex> lock(m);\n"
+            "          cv.wait(lock, [] { return false; }); }\n")
+    return commit_on(repo, cand, {an.file: text.replace(anchor, anchor + hang) + "\n"},
+                     "a wrong patch: the eviction waits for good")
+
 def broken_variant(tree: source.Tree, tmp_path: Path, patch_name: str, variant: str, wl: str) -> dict[str, str]:
     """A family's broken variant (patch.toml [variants.*]) built on `tree` (one TU on the shared base
     build) and judged by the suite on workload `wl` with that family's own promises: {check: reason}

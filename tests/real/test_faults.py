@@ -8,14 +8,15 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from toolkit import apply, build, compare, model, patch, runner, server, verify, workload
+from toolkit import apply, build, compare, model, patch, runner, server, source, verify, workload
 from toolkit.errors import PatchError, ServerError
 
-from .conftest import clone, commit_on, snapshot
+from .conftest import blocked_eviction, clone, commit_on, snapshot
 
 # Far more tokens than a test thread on a loaded machine needs to notice the stream and act on it:
 # with 2 x 4000 the tiny model finished all 8000 in 7 s while a loaded CI run's test thread was
@@ -215,6 +216,30 @@ def test_request_timeout_is_an_outcome(c2_base, tmp_path):
     th.join(60)
     assert {o.outcome for o in box["r"].outcomes} == {"timeout"}
 
+
+
+def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2, c2_base, tmp_path):
+    """A request's idle clock counts the server's work, not its keep-alive: upstream's HTTP threads
+    ping a silent stream (an empty SSE comment every --sse-ping-interval s) whatever its loop does.
+    Here every second, against a 3 s timeout: a loop blocked for good at the eviction must still
+    end every request as a timeout. Counting the pings as data, no request ever timed out."""
+    import git as gitpython
+    repo = gitpython.Repo(c2.path)
+    blocked = build.build(repo, blocked_eviction(repo, source.resolve(repo, source.BASELINE_TAG)))
+    wl = model.adapt(workload.load("overflow-4"), "witness")
+    wl = replace(wl, server=replace(wl.server, extra=("--sse-ping-interval", "1")))
+    witness = model.resolve("witness", lambda s: None)
+    th, box = _in_thread(lambda: runner.run_once(blocked.binary, witness.path, wl, tmp_path / "b.log", timeout=3))
+    th.join(60)
+    if th.is_alive():       # the old clock's way: stop the server (it ignores SIGTERM) so nothing is left
+        for pid in children("llama-server"):
+            os.kill(pid, signal.SIGKILL)
+        th.join(30)
+        pytest.fail("a request pinged every second never timed out")
+    assert {o.outcome for o in box["r"].outcomes} == {"timeout"}, box["r"].outcomes
+    assert {o.error for o in box["r"].outcomes} == {"no data for 3 s"}, box["r"].outcomes
+    log = (tmp_path / "b.log").read_text()
+    assert log.count("sending SSE ping") >= 4, "the blocked server's HTTP threads pinged the open streams"
 
 def _marked(tag: bytes) -> list[int]:
     """Live processes whose environment carries `tag`: everything a patchkit child started

@@ -11,7 +11,7 @@ import git
 
 from toolkit import apply, runner, source
 
-from .conftest import clone
+from .conftest import blocked_eviction, clone
 
 
 def patchkit(*args, **kw):
@@ -119,10 +119,32 @@ def test_a_parked_slot_never_resumed_is_cut_at_its_quiet_log_in_one_start(c2_bas
     _, cand = sides(json.loads(res.stdout), "rude-clients")
     bad = failed(cand)
     assert "while no request received anything: it loops without progress" in bad["serves-after"], bad
-    assert "gave up" in bad["conversations-complete"], bad
+    assert "were still waiting for an answer when the traffic was cut" in bad["conversations-complete"], bad
     assert cand["starts"] == 1, cand["starts"]
     assert runner.QUIET_CAP < cand["log_quiet_bytes"] <= cand["log_bytes"] < runner.LOG_CAP, cand
 
+
+
+def test_a_server_whose_loop_blocks_for_good_is_cut_at_the_idle_floor_not_the_deadline(c2, c2_base, tmp_path):
+    """A wrong patch that deadlocks silently (its eviction waits on a condition nobody signals: no
+    token, no log line of its loop, the server alive) is cut once that lasted runner.IDLE_FLOOR_S
+    while a request waited, the laboratory's idle rule. Before, the run waited out its 600 s
+    deadline: the server's HTTP threads ping each open stream every 30 s (SSE comments, logged),
+    so neither the clients' read timeouts nor a silent log ever ended the wait (measured)."""
+    repo = git.Repo(c2.path)
+    base = source.resolve(repo, source.BASELINE_TAG)
+    blocked = blocked_eviction(repo, base)
+    (tmp_path / "hang.patch").write_text(repo.git.diff(base, blocked) + "\n")
+    res = patchkit("traffic", "--patch-file", str(tmp_path / "hang.patch"), "--workload", "lmstudio-1757",
+                   "--candidate-only", "--json", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 1, res.stderr[-3000:] + res.stdout[-3000:]
+    _, cand_side = sides(json.loads(res.stdout), "lmstudio-1757")
+    bad = failed(cand_side)
+    assert re.search(r"the server sent no token and logged nothing but keep-alive pings for 3\d s while \d "
+                     r"request\(s\) waited: its loop is blocked", bad["serves-after"]), bad
+    assert "were still waiting for an answer when the traffic was cut" in bad["conversations-complete"], bad
+    assert cand_side["starts"] == 1, cand_side["starts"]        # evidence: not made again
+    assert cand_side["wall_s"] < 3 * runner.IDLE_FLOOR_S, cand_side["wall_s"]
 
 def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, tmp_path):
     """--repo/--base/--candidate on a user's clone (the default patch committed on a branch), and
