@@ -724,12 +724,13 @@ def starved(r: TrafficRun) -> tuple[int, ...]:
     starves by design: the longest conversation is the slot holding the most cells each time it
     returns, while the queue keeps the other slots busy (measured, docs/measured.md). A user lost
     any other way (a request ended with no overflow to answer for it, an overflow that ended two)
-    is not starved but lost."""
+    is not starved but lost, and so is one still waiting when the run was cut (its last try, never
+    answered, is in no record)."""
     ended = [a for a in r.attempts if not a.ok and not a.cause]
     if any(n != 1 for n in r.overflows) or len(ended) != len(r.overflows):
         return ()
     out = []
-    for u in r.lost:
+    for u in (u for u in r.lost if u not in r.stuck):
         mine = [a for a in r.attempts if a.user == u]
         last = [a for a in mine if a.turn == max(a.turn for a in mine)] if mine else []
         if last and not any(a.ok or a.cause not in ("", "hangup") for a in last) and any(not a.cause for a in last):

@@ -273,6 +273,11 @@ def test_a_user_lost_only_as_the_one_victim_of_each_overflow_is_starved_not_fail
                                           "client")]
     side = traffic.judge(_t(), _run([_a(0, 0, 0, "p0", "abcd")] + broken, overflows=(1, 1), lost=(1,)), ctl)
     assert side.starved == () and "conversations-complete" in {c.name for c in side.checks if c.status == "fail"}
+    # a user still waiting when the run was cut, its earlier tries each an overflow's one victim: its
+    # last try was never answered, so nothing shows the policy starved it
+    side = traffic.judge(_t(), replace(run, stuck=(1,), serves_after="the traffic was cut: ..."), ctl)
+    assert side.starved == () and "users [1] were still waiting" in \
+        {c.name: c.detail for c in side.checks}["conversations-complete"], side.checks
     # no-request-ended: a preemption family never starves by design
     side = traffic.judge(_t(), run, ctl, "preemption")
     assert side.starved == () and "conversations-complete" in {c.name for c in side.checks if c.status == "fail"}
