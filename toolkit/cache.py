@@ -80,6 +80,7 @@ def kept(name: str, make: Callable[[], dict | None]) -> tuple[dict | None, bool]
         write_atomic(path, text)
         return json.loads(text), False
 
+
 # ---------------------------------------------------------------- size and pruning
 
 # kind -> folder; the order is the order `patchkit cache` prints

@@ -12,7 +12,6 @@ per campaign and shared (verify.run_suite's `reuse`), so a mutant costs its cand
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -17,7 +17,6 @@ same version (Debian: clang, llvm); without them the campaign says TCE was not m
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
