@@ -313,6 +313,10 @@ class Stall:
         return sum(1 for line in whole.decode(errors="replace").splitlines()
                    if line.strip() and not any(k in line for k in self.KEEPALIVE))
 
+    def silent_for(self) -> float:
+        """How long the server has been silent with a request waiting, as of the last call (0: not)."""
+        return 0.0 if not (self.mark and self.mark[1]) else time.monotonic() - self.since
+
     def __call__(self, progress: float, waiting: int) -> str | None:
         now = time.monotonic()
         if self._logged() or (progress, waiting) != self.mark or not waiting:

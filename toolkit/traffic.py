@@ -392,7 +392,7 @@ def _warm_sdk() -> None:
 
 
 def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, timeout: float = 60.0,
-        deadline_s: float = 600.0, env: dict[str, str] | None = None) -> TrafficRun:
+        deadline_s: float = 600.0, env: dict[str, str] | None = None, say=lambda s: None) -> TrafficRun:
     """One server, every user's whole session, one request after, the server stopped. A server
     that stops answering (a wrong patch that hangs) is cut after `deadline_s`: users still in
     their sessions then count as having lost their conversation."""
@@ -422,10 +422,15 @@ def run(binary: Path, model: Path, t: Traffic, log_path: Path, side: str, *, tim
         # cap, 3 starts, 72 s; at the quiet cap, one start, docs/measured.md). A server that goes
         # silent instead (a loop blocked for good) is cut by the laboratory's idle rule, not after the
         # clients' retries of a silent request (60 s read timeout, 2 retries, each user's regenerates)
-        flood, stall, flooded = runner_mod.Flood(log_path), runner_mod.Stall(log_path), None
+        flood, stall, flooded, told = runner_mod.Flood(log_path), runner_mod.Stall(log_path), None, 0
         while any(th.is_alive() for th in threads) and time.monotonic() < t0 + deadline_s and not flooded:
             threads[next(k for k, th in enumerate(threads) if th.is_alive())].join(0.5)
             flooded = flood(pulse.heard) or stall(pulse.heard, pulse.waiting)
+            silent = int(stall.silent_for() // 10) * 10     # said every 10 s of it, not left unexplained
+            if silent > told and not flooded:
+                say(f"{t.name}: no token and no log line from the {side}'s server for {silent} s with "
+                    f"{pulse.waiting} request(s) open (cut at {stall.quiet_s:.0f} s)")
+            told = silent
         wall = time.monotonic() - t0
         after = "completed"
         stuck = [k for k, th in enumerate(threads) if th.is_alive()]
@@ -887,7 +892,7 @@ def compare(base_bin: Path, cand_bin: Path, t: Traffic, out_dir: Path, *, model_
                 if starts:
                     say(f"{t.name}: {why} on the {side}: the traffic again (start {len(starts) + 1} of at most {STARTS})")
                 again = f".start{len(starts) + 1}" if starts else ""
-                starts.append(run(binary, m.path, t, out_dir / f"{t.name}.{side}{suffix}{again}.log", side))
+                starts.append(run(binary, m.path, t, out_dir / f"{t.name}.{side}{suffix}{again}.log", side, say=say))
             runs[side].append(starts)
     say(f"{t.name}: every turn again, alone, on a quiet base server (the controls)")
     ctl = controls(base_bin, m.path, t, [r for rs in runs.values() for starts in rs for r in starts],

@@ -53,6 +53,7 @@ def test_a_server_is_stalled_only_when_silent_with_a_request_waiting(tmp_path):
     time.sleep(0.25)
     assert stall(2, 0) is None                  # silent, but nobody waits (users thinking)
     time.sleep(0.25)
+    assert stall.silent_for() == 0.0
     assert stall(2, 2) is None                  # someone waits: the clock starts now
     time.sleep(0.25)
     logged("0.30.606.944 D srv    operator(): sending SSE ping\n0.30.607.544 D srv    operator(): http: "
@@ -62,6 +63,7 @@ def test_a_server_is_stalled_only_when_silent_with_a_request_waiting(tmp_path):
         and "while 2 request(s) waited: its loop is blocked" in said, said
     logged("ator(): sending SSE ping\n")
     assert stall(2, 2) == said                  # its end, another ping: still silent
+    assert stall.silent_for() >= 0.25
     logged("0.31.000.000 D que    start_loop: processing new tasks\n")
     assert stall(2, 2) is None
 

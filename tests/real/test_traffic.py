@@ -136,15 +136,18 @@ def test_a_server_whose_loop_blocks_for_good_is_cut_at_the_idle_floor_not_the_de
     blocked = blocked_eviction(repo, base)
     (tmp_path / "hang.patch").write_text(repo.git.diff(base, blocked) + "\n")
     res = patchkit("traffic", "--patch-file", str(tmp_path / "hang.patch"), "--workload", "lmstudio-1757",
-                   "--candidate-only", "--json", "--report-dir", str(tmp_path / "r"))
+                   "--candidate-only", "--report-dir", str(tmp_path / "r"))
     assert res.returncode == 1, res.stderr[-3000:] + res.stdout[-3000:]
-    _, cand_side = sides(json.loads(res.stdout), "lmstudio-1757")
+    _, cand_side = sides(json.loads((tmp_path / "r" / "traffic.json").read_text()), "lmstudio-1757")
     bad = failed(cand_side)
     assert re.search(r"the server sent no token and logged nothing but keep-alive pings for 3\d s while \d "
                      r"request\(s\) waited: its loop is blocked", bad["serves-after"]), bad
     assert "were still waiting for an answer when the traffic was cut" in bad["conversations-complete"], bad
     assert cand_side["starts"] == 1, cand_side["starts"]        # evidence: not made again
     assert cand_side["wall_s"] < 3 * runner.IDLE_FLOOR_S, cand_side["wall_s"]
+    # the wait is said while it lasts, not left as 30 s of silence
+    assert re.search(r"lmstudio-1757: no token and no log line from the candidate's server for 10 s with \d "
+                     r"request\(s\) open \(cut at 30 s\)", res.stderr), res.stderr[-2000:]
 
 def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, tmp_path):
     """--repo/--base/--candidate on a user's clone (the default patch committed on a branch), and
