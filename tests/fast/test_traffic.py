@@ -28,7 +28,6 @@ def test_a_user_backs_off_doubling_between_tries_and_gives_up_without_a_last_wai
     assert sum(traffic.backoff(t, r) for r in range(t.retries)) == 15.75
 
 
-
 def test_a_server_is_stalled_only_when_silent_with_a_request_waiting(tmp_path):
     """runner.Stall: no token (the pulse's count) and no log line but keep-alive pings for quiet_s
     while a request waits. Users thinking (none waiting), a token or a loop's log line each start
@@ -78,6 +77,7 @@ def test_a_pulse_counts_what_is_heard_and_the_requests_still_waiting():
     pulse = traffic.Pulse()
     a = traffic._ask(Failing(), [], traffic.Turn(0, 0, "hi", 4, 0.0), 0, 0.0, [0], pulse)
     assert a.cause == "client" and (pulse.heard, pulse.waiting) == (1, 0)
+
 
 def test_messages_are_vocabulary_characters_so_they_tokenize_one_per_character():
     vocab = set(model.vocabulary()[3:])

@@ -101,7 +101,6 @@ def commit_on(repo: git.Repo, parent: str, files: dict[str, str], msg: str) -> s
     return repo.git.commit_tree(tree, "-p", parent, "-m", msg, env=WHO)
 
 
-
 def blocked_eviction(repo: git.Repo, base: str) -> str:
     """A wrong patch that deadlocks silently: the default patch whose eviction then waits on a
     condition nobody signals. Its server stays alive and its HTTP threads go on (they ping the
@@ -115,6 +114,7 @@ def blocked_eviction(repo: git.Repo, base: str) -> str:
             "          cv.wait(lock, [] { return false; }); }\n")
     return commit_on(repo, cand, {an.file: text.replace(anchor, anchor + hang) + "\n"},
                      "a wrong patch: the eviction waits for good")
+
 
 def broken_variant(tree: source.Tree, tmp_path: Path, patch_name: str, variant: str, wl: str) -> dict[str, str]:
     """A family's broken variant (patch.toml [variants.*]) built on `tree` (one TU on the shared base

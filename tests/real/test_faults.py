@@ -217,7 +217,6 @@ def test_request_timeout_is_an_outcome(c2_base, tmp_path):
     assert {o.outcome for o in box["r"].outcomes} == {"timeout"}
 
 
-
 def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2, c2_base, tmp_path):
     """A request's idle clock counts the server's work, not its keep-alive: upstream's HTTP threads
     ping a silent stream (an empty SSE comment every --sse-ping-interval s) whatever its loop does.
@@ -240,6 +239,7 @@ def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2,
     assert {o.error for o in box["r"].outcomes} == {"no data for 3 s"}, box["r"].outcomes
     log = (tmp_path / "b.log").read_text()
     assert log.count("sending SSE ping") >= 4, "the blocked server's HTTP threads pinged the open streams"
+
 
 def _marked(tag: bytes) -> list[int]:
     """Live processes whose environment carries `tag`: everything a patchkit child started

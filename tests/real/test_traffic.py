@@ -124,7 +124,6 @@ def test_a_parked_slot_never_resumed_is_cut_at_its_quiet_log_in_one_start(c2_bas
     assert runner.QUIET_CAP < cand["log_quiet_bytes"] <= cand["log_bytes"] < runner.LOG_CAP, cand
 
 
-
 def test_a_server_whose_loop_blocks_for_good_is_cut_at_the_idle_floor_not_the_deadline(c2, c2_base, tmp_path):
     """A wrong patch that deadlocks silently (its eviction waits on a condition nobody signals: no
     token, no log line of its loop, the server alive) is cut once that lasted runner.IDLE_FLOOR_S
@@ -148,6 +147,7 @@ def test_a_server_whose_loop_blocks_for_good_is_cut_at_the_idle_floor_not_the_de
     # the wait is said while it lasts, not left as 30 s of silence
     assert re.search(r"lmstudio-1757: no token and no log line from the candidate's server for 10 s with \d "
                      r"request\(s\) open \(cut at 30 s\)", res.stderr), res.stderr[-2000:]
+
 
 def test_a_candidate_ref_of_a_users_clone_and_a_preemption_family(c2, c2_base, tmp_path):
     """--repo/--base/--candidate on a user's clone (the default patch committed on a branch), and
