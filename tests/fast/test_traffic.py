@@ -65,6 +65,11 @@ def test_a_server_is_stalled_only_when_silent_with_a_request_waiting(tmp_path):
     assert stall.silent_for() >= 0.25
     logged("0.31.000.000 D que    start_loop: processing new tasks\n")
     assert stall(2, 2) is None
+    # a growth past READ_MAX is a loop at work, counted without reading it (a flooding log costs no read)
+    time.sleep(0.25)
+    assert stall(2, 2) is not None
+    logged("0.31.000.001 D srv    operator(): sending SSE ping\n" * 200)
+    assert stall(2, 2) is None and stall.offset == log.stat().st_size
 
 
 def test_a_pulse_counts_what_is_heard_and_the_requests_still_waiting():

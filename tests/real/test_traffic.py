@@ -121,7 +121,10 @@ def test_a_parked_slot_never_resumed_is_cut_at_its_quiet_log_in_one_start(c2_bas
     assert "while no request received anything: it loops without progress" in bad["serves-after"], bad
     assert "were still waiting for an answer when the traffic was cut" in bad["conversations-complete"], bad
     assert cand["starts"] == 1, cand["starts"]
-    assert runner.QUIET_CAP < cand["log_quiet_bytes"] <= cand["log_bytes"] < runner.LOG_CAP, cand
+    # the quiet cap cut it (the reason above; the whole log's cap says "the server's log passed"); how much
+    # more the server wrote before the poll saw it depends on the machine's load, so it is not
+    # bounded here (a CI run beside three CPU hogs and a demo: 197 MB in all, once)
+    assert runner.QUIET_CAP < cand["log_quiet_bytes"] <= cand["log_bytes"], cand
 
 
 def test_a_server_whose_loop_blocks_for_good_is_cut_at_the_idle_floor_not_the_deadline(c2, c2_base, tmp_path):
