@@ -315,7 +315,7 @@ class Stall:
                 return 1
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
-                data = fh.read()
+                data = fh.read(size - self.offset)
         except OSError:
             return 0
         whole = data[:data.rfind(b"\n") + 1]

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import git
 import pytest
 
 from toolkit import apply, build, compare, model, patch, runner, server, source, verify, workload
@@ -222,8 +223,7 @@ def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2,
     ping a silent stream (an empty SSE comment every --sse-ping-interval s) whatever its loop does.
     Here every second, against a 3 s timeout: a loop blocked for good at the eviction must still
     end every request as a timeout. Counting the pings as data, no request ever timed out."""
-    import git as gitpython
-    repo = gitpython.Repo(c2.path)
+    repo = git.Repo(c2.path)
     blocked = build.build(repo, blocked_eviction(repo, source.resolve(repo, source.BASELINE_TAG)))
     wl = model.adapt(workload.load("overflow-4"), "witness")
     wl = replace(wl, server=replace(wl.server, extra=("--sse-ping-interval", "1")))
