@@ -228,13 +228,19 @@ def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2,
     wl = model.adapt(workload.load("overflow-4"), "witness")
     wl = replace(wl, server=replace(wl.server, extra=("--sse-ping-interval", "1")))
     witness = model.resolve("witness", lambda s: None)
+    t0 = time.monotonic()
     th, box = _in_thread(lambda: runner.run_once(blocked.binary, witness.path, wl, tmp_path / "b.log", timeout=3))
     th.join(60)
     if th.is_alive():       # the old clock's way: stop the server (it ignores SIGTERM) so nothing is left
         for pid in children("llama-server"):
             os.kill(pid, signal.SIGKILL)
         th.join(30)
-        pytest.fail("a request pinged every second never timed out")
+        pytest.fail("the run did not end in 60 s: a request pinged every second never timed out, or a probe after "
+                    "the workload waited past the run's 3 s")
+    # the requests' 3 s, the follow-up probe's 3 s, the stop's 5 s grace and the start: ~12 s measured.
+    # A probe on its old fixed 60 s, or a /metrics scrape (30 s) of a server whose probe timed out, is past 30
+    took = time.monotonic() - t0
+    assert took < 30, f"the run took {took:.0f} s: a probe after the workload waited on a blocked loop"
     assert {o.outcome for o in box["r"].outcomes} == {"timeout"}, box["r"].outcomes
     assert {o.error for o in box["r"].outcomes} == {"no data for 3 s"}, box["r"].outcomes
     log = (tmp_path / "b.log").read_text()
