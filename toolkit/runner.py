@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -87,13 +88,15 @@ def _tokenized(srv: Server, r: Request) -> Request:
 def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
         timeout: float = 120.0, attempts: int = ATTEMPTS, budget_s: float = RETRY_BUDGET_S,
         want_shape: bool = True, policy: str = "largest", probe_pool: bool = False,
-        env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()) -> Run:
+        env: dict[str, str] | None = None, extra_args: tuple[str, ...] = (),
+        say: Callable[[str], None] | None = None) -> Run:
     """Run on a fresh server; make the start again (budget permitting) while the measured run
     does not have the workload's designed shape for `policy`. The last run is returned with
     every earlier start in `earlier` (each keeps its log: `<log>.start<k>`), all judged.
     `want_shape=False` (the no-overflow control: nothing to shape) runs once. `probe_pool`: after
     the workload, one request sized to nearly the whole pool (Run.pool_probe). `env`, `extra_args`:
-    added to the server's environment and command line (a candidate's own knobs and flags)."""
+    added to the server's environment and command line (a candidate's own knobs and flags). `say`:
+    told every 10 s of a wait on a silent server (`Waiting`)."""
     if not want_shape:
         attempts = 1
     # PATCHKIT_ATTEMPTS caps the starts (1: judge the first start as it is, e.g. to see what a
@@ -104,7 +107,7 @@ def run(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path 
     for attempt in range(1, attempts + 1):
         path = log_path if attempt == 1 else log_path.with_name(f"{log_path.name}.start{attempt}")
         r = run_once(binary, model, wl, path, draft=draft, timeout=timeout, probe_pool=probe_pool, env=env,
-                     extra_args=extra_args)
+                     extra_args=extra_args, say=say)
         last = attempt == attempts or time.monotonic() > deadline
         kept = evidence(r)
         why = None if kept else measure.shape(r, wl, policy)
@@ -231,6 +234,27 @@ def ledger_summary(where: str) -> str | None:
             f"{len(cand) - len({u[5] for u in cand})} of them the same key as an earlier one")
 
 
+WAIT_SAID_S = 10.0   # how often a wait on a silent server is said
+
+
+class Waiting:
+    """Says every `every` s (WAIT_SAID_S) how long no open request has received a byte (keep-alive pings are
+    not bytes here: exchange._progress), up to the timeout that ends them: a run that waits its 30 s
+    or more on a silent server says why it is slow instead of looking hung. As exchange's `flood`
+    it never cuts anything (None)."""
+
+    def __init__(self, say: Callable[[str], None], what: str, timeout: float, every: float | None = None) -> None:
+        self.say, self.what, self.timeout, self.told = say, what, timeout, 0.0
+        self.every = WAIT_SAID_S if every is None else every
+
+    def __call__(self, last: float) -> None:
+        silent = (time.monotonic() - last) // self.every * self.every
+        if self.told < silent < self.timeout:     # the timeout says itself: the request's reason
+            self.say(f"  {self.what}: no byte from the server for {silent:.0f} s with a request open "
+                     f"(timeout at {self.timeout:.0f} s)")
+        self.told = silent
+
+
 # A verbose log past this size while requests wait means the server loops without progress (a slot
 # left processing that nothing advances: ~6 MB/s of "posting NEXT_RESPONSE", measured); a whole
 # suite workload logs ~1-10 MB. The open requests end as timeouts, with the reason.
@@ -344,8 +368,9 @@ PROBE_SLACK = 24
 
 def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: Path | None = None,
              timeout: float = 120.0, probe_pool: bool = False, env: dict[str, str] | None = None,
-             extra_args: tuple[str, ...] = ()) -> Run:
-    """A fresh server, every request, a follow-up probe, the server stopped."""
+             extra_args: tuple[str, ...] = (), say: Callable[[str], None] | None = None) -> Run:
+    """A fresh server, every request, a follow-up probe, the server stopped. `say`: told while
+    requests wait on a silent server (`Waiting`)."""
     # upstream's own per-step log (each slot's batch entry and cells, each token, retries, errors):
     # the exact record measure.py judges from, whatever the client's scheduling was
     # and its /metrics, read once after the workload: what an operator's scrape would see
@@ -375,7 +400,9 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
 
         try:
             flood = Flood(log_path)
-            outcomes = exchange(ep.port, wl.requests, timeout, release=release, flood=flood)
+            told = Waiting(say, log_path.stem, timeout) if say else None
+            outcomes = exchange(ep.port, wl.requests, timeout, release=release,
+                                flood=(lambda last: told(last) or flood(last)) if told else flood)
         finally:
             stop.set()
             if poller.is_alive():
@@ -387,7 +414,8 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             # the run's own idle rule: a loop blocked for good (its HTTP threads still answer /health)
             # is not waited on for a minute per probe, then 30 s for its /metrics
             probe = Request(slot=wl.requests[0].slot, prompt=prompt_ids(8, 99), n_predict=8, stream=False)
-            followup = exchange(ep.port, (probe,), timeout)[0]
+            followup = exchange(ep.port, (probe,), timeout,
+                                flood=Waiting(say, f"{log_path.stem} follow-up", timeout) if say else None)[0]
             followup_ok, answers = followup.outcome == "completed", followup.outcome != "timeout"
         pool_probe = ""
         if answers and probe_pool:

@@ -185,7 +185,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
             # a control's start is not shaped: no policy in its key
             control, kept = runner_mod.shared("control", base_bin.binary, tiny.path, wl, 0, "-", lambda: run_workload(
                 base_bin.binary, tiny.path, wl.control(), work_dir / f"{wl.name}.control.log",
-                draft=draft.path if draft else None, want_shape=False))
+                draft=draft.path if draft else None, want_shape=False, say=say))
             if kept:
                 say(SHARED_NOTE)
         if not shared:
@@ -199,7 +199,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                 say(f"[{wl.name}] {b_name} run {k + 1}/{repeat}")
                 r, kept = runner_mod.shared("base", base_bin.binary, tiny.path, wl, k, policy, lambda: run_workload(
                     base_bin.binary, tiny.path, wl, work_dir / f"{wl.name}.base.{k}.log",
-                    draft=draft.path if draft else None, policy=policy))
+                    draft=draft.path if draft else None, policy=policy, say=say))
                 if kept:
                     say(SHARED_NOTE)
                 base_runs.append(r)
@@ -209,7 +209,8 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                                               work_dir / f"{wl.name}.candidate.{k}.log",
                                               draft=draft.path if draft else None, policy=policy,
                                               probe_pool=True,  # every cell back: preemption's promise
-                                              env=candidate_env, extra_args=candidate_args, timeout=wait))
+                                              env=candidate_env, extra_args=candidate_args, timeout=wait,
+                                              say=say))
                 runner_mod.made("candidate", cand_bin.binary, tiny.path, wl, k, policy, cand_runs[-1],
                                 (sorted((candidate_env or {}).items()), candidate_args, wait))
         if reuse is not None:

@@ -72,6 +72,28 @@ def test_a_server_is_stalled_only_when_silent_with_a_request_waiting(tmp_path):
     assert stall(2, 2) is None and stall.offset == log.stat().st_size
 
 
+def test_a_wait_on_a_silent_server_is_said_once_per_period_until_a_byte_comes():
+    """runner.Waiting, a laboratory run's exchange watcher: a request that waits its idle timeout
+    (30 s or more) on a silent server is said every `every` s, each period once, and a byte (a
+    newer `last`) starts the count again. It never cuts anything (exchange's flood: None)."""
+    import time
+
+    from toolkit import runner
+    said = []
+    w = runner.Waiting(said.append, "overflow-4.candidate.0", 30, every=10)
+    now = time.monotonic()
+    assert w(now - 3) is None and said == []                 # 3 s: not yet a period
+    w(now - 10.5)
+    w(now - 12)                                             # the same period: said once
+    assert said == ["  overflow-4.candidate.0: no byte from the server for 10 s with a request open "
+                    "(timeout at 30 s)"], said
+    w(now - 21)
+    assert said[-1].endswith("for 20 s with a request open (timeout at 30 s)") and len(said) == 2
+    w(now - 1)                                              # a byte came: the count starts again
+    w(now - 10.2)
+    assert len(said) == 3 and "for 10 s" in said[-1]
+
+
 def test_a_pulse_counts_what_is_heard_and_the_requests_still_waiting():
     class Failing:           # a client whose request fails at once: the pulse still closes it
         class chat:

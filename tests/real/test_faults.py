@@ -218,7 +218,7 @@ def test_request_timeout_is_an_outcome(c2_base, tmp_path):
     assert {o.outcome for o in box["r"].outcomes} == {"timeout"}
 
 
-def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2, c2_base, tmp_path):
+def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2, c2_base, tmp_path, monkeypatch):
     """A request's idle clock counts the server's work, not its keep-alive: upstream's HTTP threads
     ping a silent stream (an empty SSE comment every --sse-ping-interval s) whatever its loop does.
     Here every second, against a 3 s timeout: a loop blocked for good at the eviction must still
@@ -229,7 +229,10 @@ def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2,
     wl = replace(wl, server=replace(wl.server, extra=("--sse-ping-interval", "1")))
     witness = model.resolve("witness", lambda s: None)
     t0 = time.monotonic()
-    th, box = _in_thread(lambda: runner.run_once(blocked.binary, witness.path, wl, tmp_path / "b.log", timeout=3))
+    said = []
+    monkeypatch.setattr(runner, "WAIT_SAID_S", 1.0)     # said every second of the wait, not every 10
+    th, box = _in_thread(lambda: runner.run_once(blocked.binary, witness.path, wl, tmp_path / "b.log", timeout=3,
+                                                 say=said.append))
     th.join(60)
     if th.is_alive():       # the old clock's way: stop the server (it ignores SIGTERM) so nothing is left
         for pid in children("llama-server"):
@@ -243,6 +246,9 @@ def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2,
     assert took < 30, f"the run took {took:.0f} s: a probe after the workload waited on a blocked loop"
     assert {o.outcome for o in box["r"].outcomes} == {"timeout"}, box["r"].outcomes
     assert {o.error for o in box["r"].outcomes} == {"no data for 3 s"}, box["r"].outcomes
+    # the wait was said while it lasted, the requests' and the follow-up probe's, pings or not
+    assert "  b: no byte from the server for 2 s with a request open (timeout at 3 s)" in said, said
+    assert "  b follow-up: no byte from the server for 2 s with a request open (timeout at 3 s)" in said, said
     log = (tmp_path / "b.log").read_text()
     assert log.count("sending SSE ping") >= 4, "the blocked server's HTTP threads pinged the open streams"
 
