@@ -5,6 +5,8 @@ Outcomes of workloads are data, never exceptions: these are for "could not do th
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class PatchkitError(Exception):
     """Base class. `exit_code` is the process exit code the CLI uses."""
@@ -63,6 +65,12 @@ class BuildError(PatchkitError):
 
     exit_code = 6
     kind = "build failed"
+
+    def output(self) -> str:
+        """The build's whole log when it kept one (a compiler's every error), else the message."""
+        if self.log:
+            return Path(self.log).read_text(errors="replace")
+        return str(self)
 
 
 class ServerError(PatchkitError):

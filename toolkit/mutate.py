@@ -175,7 +175,7 @@ def catalog_schema(repo: git.Repo, base: str, patch_name: str, opts: build_mod.O
                 build_mod.build(repo, sha, opts, progress)
                 return ""
             except BuildError as e:
-                return Path(e.log).read_text(errors="replace") if e.log else str(e)
+                return e.output()
         schema = variant_schema.settle(right_text, texts, blocks, compiles, progress, build_mod.first_error)
         return {"text": schema.text, "ids": schema.ids, "alone": schema.alone}
 
@@ -458,7 +458,7 @@ def _operator_schema(repo: git.Repo, base: str, right: str, rel: str, spec, say,
                 build_mod.build(repo, sha, opts, progress)
                 break
             except BuildError as e:
-                log = Path(e.log).read_text(errors="replace") if e.log else str(e)
+                log = e.output()
                 bad = operators.stillborn(log, schema) - dead
                 if not bad:
                     raise

@@ -26,6 +26,14 @@ def test_exit_codes_are_distinct():
         assert f"{c:4d}" in res.output
 
 
+def test_a_build_error_gives_its_whole_log_or_its_message(tmp_path):
+    """What the schemata read for their stillborn mutants: every compiler error, in the kept log."""
+    log = tmp_path / "build.log"
+    log.write_text("a.cpp:1:1: error: one\nb.cpp:2:2: error: two\n")
+    assert errors.BuildError("compile failed: a.cpp:1:1: error: one", log=str(log)).output() == log.read_text()
+    assert errors.BuildError("cmake configure failed").output() == "cmake configure failed"
+
+
 def test_gate_inputs_are_refused_before_anything(tmp_path):
     import json
     evil = tmp_path / "pr-set.json"
