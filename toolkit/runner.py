@@ -238,10 +238,10 @@ WAIT_SAID_S = 10.0   # how often a wait on a silent server is said
 
 
 class Waiting:
-    """Says every `every` s (WAIT_SAID_S) how long no open request has received a byte (keep-alive pings are
-    not bytes here: exchange._progress), up to the timeout that ends them: a run that waits its 30 s
-    or more on a silent server says why it is slow instead of looking hung. As exchange's `flood`
-    it never cuts anything (None)."""
+    """Says every `every` s (WAIT_SAID_S) how long no open request has received a byte (keep-alive
+    pings are not bytes here: exchange._progress), up to the timeout that ends them: a run that
+    waits its 30 s or more on a silent server says why it is slow instead of looking hung. As
+    exchange's `flood` it never cuts anything (None)."""
 
     def __init__(self, say: Callable[[str], None], what: str, timeout: float, every: float | None = None) -> None:
         self.say, self.what, self.timeout, self.told = say, what, timeout, 0.0
@@ -398,9 +398,10 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             if not poller.is_alive():  # after the first release: a /slots task among the launches would split them
                 poller.start()
 
+        what = log_path.name.replace(".log", "")     # overflow-4.candidate.0, ...candidate.0.start2
         try:
             flood = Flood(log_path)
-            told = Waiting(say, log_path.stem, timeout) if say else None
+            told = Waiting(say, what, timeout) if say else None
             outcomes = exchange(ep.port, wl.requests, timeout, release=release,
                                 flood=(lambda last: told(last) or flood(last)) if told else flood)
         finally:
@@ -415,7 +416,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             # is not waited on for a minute per probe, then 30 s for its /metrics
             probe = Request(slot=wl.requests[0].slot, prompt=prompt_ids(8, 99), n_predict=8, stream=False)
             followup = exchange(ep.port, (probe,), timeout,
-                                flood=Waiting(say, f"{log_path.stem} follow-up", timeout) if say else None)[0]
+                                flood=Waiting(say, f"{what} follow-up", timeout) if say else None)[0]
             followup_ok, answers = followup.outcome == "completed", followup.outcome != "timeout"
         pool_probe = ""
         if answers and probe_pool:
