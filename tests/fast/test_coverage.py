@@ -143,6 +143,16 @@ def test_a_default_suite_run_that_missed_a_pair_is_inconclusive_under_the_larges
     res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
                         coverage=shapes[:-1] + (coverage.Reached(shapes[-1].shape, None, 0, 1),), pairs=every)
     assert res.outcome == "INCONCLUSIVE"
+    assert f"shapes reached {len(shapes) - 1}/{len(shapes)}, not reached: {shapes[-1].shape};" in \
+        report.summary_line(res)
+    # many missed (one workload run alone): counted, the tables name each; three or fewer are named
+    few = tuple(coverage.Reached(c.shape, None, 0, 1) if k < 4 else c for k, c in enumerate(shapes))
+    res = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs, (), "",
+                        coverage=few, pairs=every[:7] + tuple(coverage.Reached(p, None, 0, 1) for p in coverage.PAIRS[7:]))
+    line = report.summary_line(res)
+    assert f"shapes reached {len(shapes) - 4}/{len(shapes)}, not reached: 4, each marked NOT REACHED in the shapes " \
+        "table;" in line and shapes[0].shape not in line, line
+    assert line.endswith(f"pairs reached 7/10, not reached: {', '.join(coverage.PAIRS[7:])}"), line
 
 
 def test_every_reachable_pair_is_a_suite_workloads_by_design():
