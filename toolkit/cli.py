@@ -266,9 +266,13 @@ def build_cmd(repo, ref, build_dir, sanitize, sanitize_only, as_json) -> None:
 @click.option("--upstream-tests", "upstream_tests", multiple=True, help="Also run llama.cpp's own server tests "
               "(tools/server/tests) on both sides, offline: a subset name (`ci`), a file or a test id; repeatable. "
               "A test that passes on the base and fails on the candidate fails the verdict (see upstream-tests).")
+@click.option("--fail-fast", "fail_fast", is_flag=True, help="Stop after the first workload whose candidate fails a "
+              "check: FAIL with that evidence, the other workloads listed as not run. A patch that hangs costs about "
+              "a minute per workload (its requests wait out their idle timeout, then a probe its own), so the "
+              "whole suite would take half an hour to say FAIL.")
 def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, policy, variant, baseline_only,
                workloads, repeat, report_dir, sanitize, sanitize_only, model_name, expect, as_json,
-               promises_file, upstream_tests) -> None:
+               promises_file, upstream_tests, fail_fast) -> None:
     """Build base and candidate, run overflow workloads on both, judge every slot's outcome.
 
     Exit 0 when every expectation holds, 1 when one fails (report says which).
@@ -280,13 +284,15 @@ def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, po
       patchkit verify --repo ~/llama.cpp --candidate patchkit/evict-largest-slot --repeat 3
                                                               # base: the commit the series was applied on
       patchkit verify --repo ~/llama.cpp --commit 59a3d0cb8f61 --report-dir out/
+      patchkit verify --repo ~/llama.cpp --patch-file fix.patch --fail-fast   # stop at the first failure
     """
     from . import report
     from . import verify as pipeline
 
     ui = UI(quiet=as_json)
-    if baseline_only and any((candidate_ref, patch_name, patch_file, commit, promises_file)):
-        raise UsageError("--baseline-only runs no candidate; drop the candidate option.")
+    if baseline_only and any((candidate_ref, patch_name, patch_file, commit, promises_file, fail_fast)):
+        raise UsageError("--baseline-only runs no candidate; drop the candidate option"
+                         + (" (--fail-fast stops at a candidate's failure)." if fail_fast else "."))
     if promises_file:
         from .promises import load
         load(promises_file)   # a bad declaration is refused before anything is built
@@ -299,7 +305,7 @@ def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, po
                           patch_file=patch_file, commit=commit, baseline_only=baseline_only, policy=policy,
                           variant=variant, workloads=wls, repeat=repeat, out_dir=out_dir, ui=ui,
                           opts=build_options(sanitize, None, sanitize_only), model_name=model_name,
-                          expect=expect, promises_file=promises_file)
+                          expect=expect, promises_file=promises_file, fail_fast=fail_fast)
     paths = report.write(res, out_dir)
     up = None
     if upstream_tests and res.candidate_commit:

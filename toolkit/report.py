@@ -107,6 +107,9 @@ def summary_line(res: Result) -> str:
     if counts["inconclusive"]:
         line += (f"; {sum(counts['inconclusive'].values())} inconclusive (a shape not reached or evidence "
                  f"missing, not against the candidate): {names(counts['inconclusive'])}")
+    if res.not_run:
+        line += (f"; --fail-fast stopped at the first failed workload: {len(res.not_run)} not run"
+                 + (f" ({', '.join(res.not_run)})" if len(res.not_run) <= NAMED_MAX else " (report.json `not_run`)"))
     if res.coverage:
         gone = coverage.missed(res.coverage)
         line += (f"; shapes reached {len(res.coverage) - len(gone)}/{len(res.coverage)}"
@@ -150,6 +153,7 @@ def to_json(res: Result) -> dict:
         "sensitivity": {name: (r if isinstance(r, str) else sensitivity.to_json(r)) for name, r in res.sensitivity},
         "expect": res.expect, "expect_why": res.expect_why,
         "timings_s": {k: round(v, 2) for k, v in res.timings},
+        "not_run": list(res.not_run),
         "workloads": {},
     }
     for wr in res.results:

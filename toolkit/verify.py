@@ -78,6 +78,8 @@ class Result:
     # per model served: what a one-cell change of its history does to its stream (sensitivity.py),
     # or why it was not measured: the strength of every "equals its control" above rests on it
     sensitivity: tuple[tuple[str, object], ...] = ()
+    # the workloads --fail-fast did not run, after one whose candidate failed a check
+    not_run: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -101,6 +103,8 @@ class Result:
         it, but a shape was not reached or evidence was missing."""
         if not self.ok:
             return "FAIL"
+        if self.not_run:    # stopped on a failure the final expectations did not confirm: nothing judged them
+            return "INCONCLUSIVE"
         missing = any(c.status == "inconclusive" for wr in self.results for v in wr.verdicts for c in v.checks)
         # the coverage table's shapes are the default suite's promise: a run of the whole suite that
         # missed one is inconclusive; a run of a few workloads you chose only lists what they missed
@@ -133,7 +137,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
               patch_expect: str = "eviction", shapes: tuple[str, ...] | None = None,
               pairs: tuple[str, ...] | None = None,
               candidate_env: dict[str, str] | None = None, candidate_args: tuple[str, ...] = (),
-              family: str = "", declared: promises.Declared | None = None) -> Result:
+              family: str = "", declared: promises.Declared | None = None, fail_fast: bool = False) -> Result:
     """`reuse`: a dict the caller keeps across calls with the same base (the mutation campaign):
     each workload's control and base runs are made once and shared by every candidate.
     `patch_expect`: what patchkit's own candidate series promises (its patch.toml `expect`).
@@ -145,7 +149,9 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     `family`: which of patchkit's series the candidate is (its patch name), for the promises only
     that series makes (the resume path of a park); "" for any other candidate.
     `declared`: the candidate's promises as found by promises.of_candidate (a declaration, a trailer,
-    its code); when given it decides the promises judged, whatever `family` says."""
+    its code); when given it decides the promises judged, whatever `family` says.
+    `fail_fast`: after the first workload whose candidate fails a check (judged on the expectations
+    the runs so far decide), run no other; they are listed in `not_run`."""
     timings: list[tuple[str, float]] = []
 
     def timed(name, fn):
@@ -170,9 +176,40 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
     draft = model.ensure(model.DRAFT) if any(w.server.draft for w in workloads) else None
     work_dir.mkdir(parents=True, exist_ok=True)
 
+    def settle(measured) -> tuple[str, str, bool]:
+        """The expectations the measured runs decide: (applied, why, whether the base evicts)."""
+        return expectations(expect, measured, candidate_label if evicting_patch else None, patch_expect)
+
+    # what the candidate promises besides the property (promises.py; a foreign candidate: nothing)
+    if declared is None and evicting_patch and candidate_commit:
+        # patchkit's series named by its family (its promises), or unnamed (the operator schema):
+        # the promises of its expectation
+        declared = (promises.of_family(family, policy, "its family", candidate_env) if family else promises.Declared(
+            patch_expect, policy, compare.Promises(witness=patch_expect == "eviction",
+                                                   park_bound=measure.PARK_BOUND if patch_expect == "preemption" else 0,
+                                                   parked_first=patch_expect == "preemption"),
+            "", "patchkit's series"))
+    own = declared.own if declared else compare.NONE
+
+    def judged_workload(rec, applied: str, reference: bool) -> WorkloadResult:
+        wl, tiny, control, base_runs, cand_runs = rec
+        verdicts = []
+        for k, r in enumerate(base_runs):
+            verdicts.append(judge(wl, "base", r, k, expect=applied, base_reference=reference))
+            if k < len(cand_runs):
+                # patchkit's own eviction logs one line per eviction: its witness must be readable
+                verdicts.append(judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
+                                      expect=applied, base_reference=reference, own=own))
+        side_by_side = (upstream_unified.compare_runs(wl, tuple(base_runs), tuple(cand_runs), tuple(verdicts), policy)
+                        if wl.name == upstream_unified.WORKLOAD and applied == "eviction" and not reference
+                        else None)
+        return WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts),
+                              model_name or wl.model, tiny.sha256, side_by_side)
+
     recorded = []
+    not_run: tuple[str, ...] = ()
     t_runs = time.monotonic()
-    for wl in workloads:
+    for i, wl in enumerate(workloads):
         tiny = models[model_name or wl.model]
         wl = model.adapt(wl, model_name or wl.model)
         control = None
@@ -216,6 +253,13 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
         if reuse is not None:
             reuse[(str(base_bin.binary), wl.name, repeat)] = (control, base_runs)
         recorded.append((wl, tiny, control, base_runs, cand_runs))
+        if fail_fast and cand_bin and i + 1 < len(workloads):
+            applied, _, base_evicts = settle([(w, b, c) for w, _, _, b, c in recorded])
+            if not judged_workload(recorded[-1], applied, base_reference or base_evicts).ok:
+                not_run = tuple(w.name for w in workloads[i + 1:])
+                say(f"[{wl.name}] the candidate failed a check: --fail-fast runs no other workload "
+                    f"({len(not_run)} not run)")
+                break
     measured = [(w, b, c) for w, _, _, b, c in recorded]
     if (expect == "auto" and cand_bin and not evicting_patch
             and not any(w.expect.base == "all-error" for w in workloads)):
@@ -231,35 +275,13 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                          [run_workload(cand_bin.binary, pm.path, probe, work_dir / "probe.candidate.log")]))
     timings.append(("workloads", time.monotonic() - t_runs))
 
-    applied, why, base_evicts = expectations(expect, measured, candidate_label if evicting_patch else None,
-                                             patch_expect)
-    # what the candidate promises besides the property (promises.py; a foreign candidate: nothing)
-    if declared is None and evicting_patch and candidate_commit:
-        # patchkit's series named by its family (its promises), or unnamed (the operator schema):
-        # the promises of its expectation
-        declared = (promises.of_family(family, policy, "its family", candidate_env) if family else promises.Declared(
-            patch_expect, policy, compare.Promises(witness=patch_expect == "eviction",
-                                                   park_bound=measure.PARK_BOUND if patch_expect == "preemption" else 0,
-                                                   parked_first=patch_expect == "preemption"),
-            "", "patchkit's series"))
-    own = declared.own if declared else compare.NONE
+    applied, why, base_evicts = settle(measured)
     base_reference = base_reference or base_evicts
     say(f"expectations: {applied} ({why})")
     results = []
-    for wl, tiny, control, base_runs, cand_runs in recorded:
-        verdicts = []
-        for k, r in enumerate(base_runs):
-            verdicts.append(judge(wl, "base", r, k, expect=applied, base_reference=base_reference))
-            if k < len(cand_runs):
-                # patchkit's own eviction logs one line per eviction: its witness must be readable
-                verdicts.append(judge(wl, "candidate", cand_runs[k], k, control, policy, base=r,
-                                      expect=applied, base_reference=base_reference, own=own))
-        side_by_side = (upstream_unified.compare_runs(wl, tuple(base_runs), tuple(cand_runs), tuple(verdicts), policy)
-                        if wl.name == upstream_unified.WORKLOAD and applied == "eviction" and not base_reference
-                        else None)
-        res = WorkloadResult(wl, tuple(base_runs), tuple(cand_runs), control, tuple(verdicts),
-                             model_name or wl.model, tiny.sha256, side_by_side)
-        say(f"[{wl.name}] {'ok' if res.ok else 'FAILED'}")
+    for rec in recorded:
+        res = judged_workload(rec, applied, base_reference)
+        say(f"[{res.workload.name}] {'ok' if res.ok else 'FAILED'}")
         results.append(res)
     shape_set = shapes if shapes is not None else {"eviction": coverage_mod.EVICTION,
                                                   "preemption": coverage_mod.PREEMPTION}.get(applied, ())
@@ -275,7 +297,7 @@ def run_suite(repo: git.Repo, base_commit: str, candidate_commit: str | None, wo
                   policy, layout,
                   tuple(results), tuple(timings), models[next(iter(models))].sha256 if models else "",
                   applied, why, coverage=cov, pairs=pairs, family_pairs=family_pairs, own=evicting_patch or declared is not None or not candidate_commit,
-                  sensitivity=sens, promises=declared.text if declared else "")
+                  sensitivity=sens, promises=declared.text if declared else "", not_run=not_run)
 
 
 def idle_timeout(control: Run | None, floor: float = runner_mod.IDLE_FLOOR_S, default: float = 120.0) -> float:
@@ -407,7 +429,7 @@ def series_patch(repo: git.Repo, commit: str) -> str | None:
 def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None, patch_file=None, commit=None,
            baseline_only=False, policy="largest", variant=None, workloads: list[Workload], repeat=1,
            out_dir: Path, ui, opts: build_mod.Options = build_mod.Options(), model_name: str | None = None,
-           expect: str = "auto", promises_file: Path | None = None) -> Result:
+           expect: str = "auto", promises_file: Path | None = None, fail_fast: bool = False) -> Result:
     from . import patch as patch_mod
     from .apply import series_base
     from .source import current_branch, resolve
@@ -447,5 +469,5 @@ def verify(repo: git.Repo, *, base_ref=None, candidate_ref=None, patch_name=None
                         layout=layout, model_name=model_name, expect=expect, evicting_patch=declared is not None,
                         say=ui.say, progress=ui.progress, patch_expect=declared.expect if declared else "eviction",
                         shapes=spec.shapes if spec else None, pairs=spec.pairs if spec else None,
-                        family=family, declared=declared)
+                        family=family, declared=declared, fail_fast=fail_fast)
     return replace(res, timings=prep + res.timings, base_why=why)

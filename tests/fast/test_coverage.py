@@ -1,5 +1,8 @@
 """Shape coverage (issue 26), pure: each measured overflow is read into the cells it reached."""
+from dataclasses import replace
+
 import pytest
+
 from toolkit import coverage, patch, workload
 from toolkit.measure import Overflow, SlotAt
 
@@ -153,6 +156,13 @@ def test_a_default_suite_run_that_missed_a_pair_is_inconclusive_under_the_larges
     assert f"shapes reached {len(shapes) - 4}/{len(shapes)}, not reached: 4, each marked NOT REACHED in the shapes " \
         "table;" in line and shapes[0].shape not in line, line
     assert line.endswith(f"pairs reached 7/10, not reached: {', '.join(coverage.PAIRS[7:])}"), line
+    # --fail-fast stopped on a failure the final expectations did not confirm: the workloads it did
+    # not run judged nothing, so no PASS (a failed check stays FAIL: verify's real tests)
+    stopped = verify.Result("repo", "b" * 40, "c" * 40, "candidate", None, "largest", None, wrs[:1], (), "",
+                            coverage=shapes, pairs=every, not_run=("overflow-4",))
+    assert stopped.ok and stopped.outcome == "INCONCLUSIVE"
+    assert "; --fail-fast stopped at the first failed workload: 1 not run (overflow-4)" in report.summary_line(stopped)
+    assert replace(stopped, not_run=()).outcome == "PASS"
 
 
 def test_every_reachable_pair_is_a_suite_workloads_by_design():

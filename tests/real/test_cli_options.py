@@ -94,13 +94,20 @@ def test_demo_with_its_options(c2, c2_base, c2_patched, tmp_path):
 
 def test_verify_a_broken_variant_with_upstream_tests_and_a_model(c2, c2_base, tmp_path):
     """--variant renders a deliberately broken eviction (no index remap); the verdict fails for that
-    reason. --upstream-tests runs one of llama.cpp's own tests on both sides beside it."""
+    reason. --upstream-tests runs one of llama.cpp's own tests on both sides beside it. --fail-fast
+    goes on past a workload that holds (fits: no overflow, nothing for the variant to break) and
+    stops after the first that fails: overflow-4 is not run, on either side."""
     res = patchkit("verify", "--repo", str(c2.path), "--base", source.BASELINE_TAG, "--variant", "no-remap",
-                   "--workload", "victim-first", "--model", "tiny", "--upstream-tests",
+                   "--workload", "fits", "--workload", "victim-first", "--workload", "overflow-4", "--fail-fast",
+                   "--model", "tiny", "--upstream-tests",
                    "unit/test_basic.py::test_server_props", "--report-dir", str(tmp_path), "--json")
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     rep = json.loads(res.stdout)
     assert "variant no-remap" in rep["candidate"]
+    assert list(rep["workloads"]) == ["fits", "victim-first"] and rep["workloads"]["fits"]["ok"], rep["summary"]
+    assert rep["not_run"] == ["overflow-4"] and rep["outcome"] == "FAIL"
+    assert "--fail-fast stopped at the first failed workload: 1 not run (overflow-4)" in rep["summary"]
+    assert not list((tmp_path / "logs").glob("overflow-4.*")), "overflow-4 ran on some side"
     fails = {c["name"] for v in rep["workloads"]["victim-first"]["verdicts"] for c in v["checks"]
              if c["status"] == "fail"}
     assert "integrity" in fails, fails
