@@ -149,7 +149,8 @@ def gate(repo: git.Repo, *, base: str, old: list[Entry], new: list[Entry], out_d
                                        work_dir=out_dir / "attribution" / f"{e.pin.owner}-{e.pin.pr}",
                                        opts=opts, candidate_label=f"up to {e.name}", candidate_source=e.pin.sha,
                                        expect=expect, base_reference=True, sides=("before", "after"), say=ui.say,
-                                       progress=ui.progress)
+                                       progress=ui.progress,
+                                       fail_fast=True)   # whether the prefix fails: its first failure names it
             blame.append(Blame(e, r.ok, tuple(failed_checks(r))))
             if not r.ok:
                 culprits = (e,)
