@@ -67,7 +67,7 @@ def server_checks(m: Measured) -> list[Check]:
                "server alive after the workload" if run.alive_after
                else f"server died (exit code {run.exit_code})"),
         _check("serves-after", run.followup_ok, "a request sent afterwards completed" if run.followup_ok
-               else "a request sent afterwards did not complete"),
+               else "a request sent afterwards did not complete" + (f" ({run.followup})" if run.followup else "")),
         Check("no-sanitizer-findings", "fail" if run.sanitizer else "pass" if run.sanitized else "skip",
               f"{len(run.sanitizer)} finding(s), first: {run.sanitizer[0]}" if run.sanitizer else
               f"no report in the server log of a binary carrying {' and '.join(run.sanitized)} (measured from "

@@ -102,6 +102,9 @@ class Run:
     # (runner.Flood: a server looping without progress is cut by that)
     log_bytes: int = 0
     log_quiet: int = 0
+    # why the follow-up request did not complete ("" when it did): its outcome and error, or why it
+    # was not sent (the server was not answering)
+    followup: str = ""
 
     def metric(self, name: str) -> float | None:
         return dict(self.metrics or ()).get(name)

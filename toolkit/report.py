@@ -39,7 +39,7 @@ def _run_json(r: Run, wl: Workload, policy: str = "largest") -> dict:
         "outcomes": [_outcome_json(o, ps.get(o.slot, ())) for ps in [measure.pauses(r)] for o in r.outcomes],
         "overflows": [{**asdict(e), "off": e.off, "full": e.full} for e in measure.overflows(r, wl, policy)],
         "events": [asdict(e) for e in r.events],
-        "alive_after": r.alive_after, "followup_ok": r.followup_ok, "exit_code": r.exit_code,
+        "alive_after": r.alive_after, "followup_ok": r.followup_ok, "followup": r.followup, "exit_code": r.exit_code,
         "wall_s": round(r.wall, 3), "log": r.log, "attempts": r.attempts, "launch_spread_ms": r.launch_spread_ms,
         "log_bytes": r.log_bytes, "log_quiet_bytes": r.log_quiet,
         "sanitizer": list(r.sanitizer),

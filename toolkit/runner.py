@@ -410,7 +410,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
                 poller.join(5)
         wall = time.monotonic() - t0
         alive = srv.healthy()  # alive AND answering: a killed server can still look alive for a moment
-        followup_ok, answers = False, alive
+        followup_ok, answers, followup_why = False, alive, "not sent: the server was not answering /health"
         if alive:
             # the run's own idle rule: a loop blocked for good (its HTTP threads still answer /health)
             # is not waited on for a minute per probe, then 30 s for its /metrics
@@ -418,6 +418,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
             followup = exchange(ep.port, (probe,), timeout,
                                 flood=Waiting(say, f"{what} follow-up", timeout) if say else None)[0]
             followup_ok, answers = followup.outcome == "completed", followup.outcome != "timeout"
+            followup_why = "" if followup_ok else f"{followup.outcome}: {followup.error or 'no error text'}"
         pool_probe = ""
         if answers and probe_pool:
             # every request has ended: a prompt of nearly the whole pool fits only if every cell came
@@ -435,7 +436,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
                sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text),
                pool_probe=pool_probe, sanitized=binary_sanitizers(binary), metrics=metrics,
-               log_bytes=size, log_quiet=flood.most)
+               log_bytes=size, log_quiet=flood.most, followup=followup_why)
 
 
 def _scrape(srv: Server) -> tuple[tuple[str, float], ...] | None:

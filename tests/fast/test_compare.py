@@ -223,8 +223,13 @@ def test_victim_must_be_prefix_of_control():
 
 
 def test_dead_server_fails_even_if_outcomes_look_fine():
-    r = replace(sim(WL), alive_after=False, followup_ok=False, exit_code=-11)
-    assert {"no-crash", "serves-after"} <= failed(verify.judge(WL, "candidate", r)).keys()
+    r = replace(sim(WL), alive_after=False, followup_ok=False, exit_code=-11,
+                followup="not sent: the server was not answering /health")
+    why = failed(verify.judge(WL, "candidate", r))
+    assert {"no-crash", "serves-after"} <= why.keys()
+    # the follow-up's own outcome is quoted: a hang and a crash read differently
+    assert why["serves-after"] == ("a request sent afterwards did not complete (not sent: the server was not "
+                                   "answering /health)"), why["serves-after"]
 
 
 def test_no_control_is_skip_not_pass():

@@ -246,6 +246,7 @@ def test_a_loop_blocked_for_good_times_out_though_upstream_pings_its_streams(c2,
     assert took < 30, f"the run took {took:.0f} s: a probe after the workload waited on a blocked loop"
     assert {o.outcome for o in box["r"].outcomes} == {"timeout"}, box["r"].outcomes
     assert {o.error for o in box["r"].outcomes} == {"no data for 3 s"}, box["r"].outcomes
+    assert box["r"].followup == "timeout: no data for 3 s", box["r"].followup   # serves-after quotes it
     # the wait was said while it lasted, the requests' and the follow-up probe's, pings or not
     assert "  b: no byte from the server for 2 s with a request open (timeout at 3 s)" in said, said
     assert "  b follow-up: no byte from the server for 2 s with a request open (timeout at 3 s)" in said, said
