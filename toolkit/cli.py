@@ -290,9 +290,10 @@ def verify_cmd(repo, base_ref, candidate_ref, patch_name, patch_file, commit, po
     from . import verify as pipeline
 
     ui = UI(quiet=as_json)
-    if baseline_only and any((candidate_ref, patch_name, patch_file, commit, promises_file, fail_fast)):
-        raise UsageError("--baseline-only runs no candidate; drop the candidate option"
-                         + (" (--fail-fast stops at a candidate's failure)." if fail_fast else "."))
+    if baseline_only and any((candidate_ref, patch_name, patch_file, commit, promises_file)):
+        raise UsageError("--baseline-only runs no candidate; drop the candidate option.")
+    if baseline_only and fail_fast:
+        raise UsageError("--baseline-only runs no candidate, so no candidate can fail; drop --fail-fast.")
     if promises_file:
         from .promises import load
         load(promises_file)   # a bad declaration is refused before anything is built

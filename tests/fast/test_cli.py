@@ -26,6 +26,12 @@ def test_exit_codes_are_distinct():
         assert f"{c:4d}" in res.output
 
 
+def test_fail_fast_without_a_candidate_is_refused_before_anything():
+    res = CliRunner().invoke(cli, ["verify", "--baseline-only", "--fail-fast"])
+    assert isinstance(res.exception, errors.UsageError), res.output
+    assert "no candidate can fail; drop --fail-fast" in str(res.exception)
+
+
 def test_a_build_error_gives_its_whole_log_or_its_message(tmp_path):
     """What the schemata read for their stillborn mutants: every compiler error, in the kept log."""
     log = tmp_path / "build.log"
