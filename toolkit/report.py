@@ -89,8 +89,13 @@ def check_counts(res: Result) -> dict[str, dict[str, int]]:
 NAMED_MAX = 3
 
 
+def _named(names, instead: str) -> str:
+    """Up to NAMED_MAX names, else `instead` (where each is named)."""
+    return ", ".join(names) if len(names) <= NAMED_MAX else instead
+
+
 def _not_reached(gone: list[str], table: str) -> str:
-    return ", ".join(gone) if len(gone) <= NAMED_MAX else f"{len(gone)}, each marked NOT REACHED in the {table} table"
+    return _named(gone, f"{len(gone)}, each marked NOT REACHED in the {table} table")
 
 
 def summary_line(res: Result) -> str:
@@ -109,7 +114,7 @@ def summary_line(res: Result) -> str:
                  f"missing, not against the candidate): {names(counts['inconclusive'])}")
     if res.not_run:
         line += (f"; --fail-fast stopped at the first failed workload: {len(res.not_run)} not run"
-                 + (f" ({', '.join(res.not_run)})" if len(res.not_run) <= NAMED_MAX else " (report.json `not_run`)"))
+                 f" ({_named(res.not_run, 'report.json `not_run`')})")
     if res.coverage:
         gone = coverage.missed(res.coverage)
         line += (f"; shapes reached {len(res.coverage) - len(gone)}/{len(res.coverage)}"
