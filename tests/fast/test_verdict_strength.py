@@ -1,6 +1,7 @@
 """Verdict strength on recorded runs (tests/fast/sim.py): the separating workloads' shapes, the
 policies' rules for ties, earlier starts judged, and the mutant catalog's structure."""
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -204,19 +205,98 @@ def test_a_victim_in_its_prompt_is_measured_by_the_pools_accounting():
     assert next(s for s in ev.in_play if s.slot == 3).source == "server log (pool accounting)"
 
 
-def test_two_slots_in_their_prompt_are_not_told_apart():
-    """Two slots without entries: the accounting gives their sum only, so the picture is
-    incomplete (cells taken by no slot measured) and one-victim-per-overflow cannot pass."""
-    tr = list(prompt_phase_run().trace)
-    tr.insert(4, Trace("launch", 4, 54))  # a fifth slot, launched, in its prompt too
+def judged(v, *more):
+    """The statuses of the checks that read the overflow's cells (a recorded step, not a whole run:
+    the streams' own checks have nothing to read)."""
+    names = ("one-victim-per-overflow", "victim-is-largest") + more
+    return {c.name: c.status for c in v.checks if c.name in names}
+
+
+def two_prompts(prompt4=40, prompt3=None):
+    """prompt_phase_run with a fifth slot launched and in its prompt too: slots 3 and 4 hold the
+    691 cells the generating slots do not (684 + 7 decoded below off) between them."""
     r = prompt_phase_run()
-    outs = r.outcomes + (replace(r.outcomes[0], slot=4),)
-    wl = replace(WP, requests=WP.requests + (replace(WP.requests[0], slot=4),),
-                 server=replace(WP.server, parallel=5))
-    ev, = measure.overflows(replace(r, outcomes=outs, trace=tuple(tr)), wl)
-    assert ev.leaked == 684 and not ev.full
-    assert "taken by no slot in play" in failed(verify.judge(wl, "candidate", replace(r, outcomes=outs, trace=tuple(tr))))[
-        "one-victim-per-overflow"]
+    tr = list(r.trace)
+    tr.insert(4, Trace("launch", 4, 54))
+    outs = r.outcomes + (replace(r.outcomes[0], slot=4, prompt_tokens=prompt4),)
+    if prompt3 is not None:
+        outs = tuple(replace(o, prompt_tokens=prompt3) if o.slot == 3 else o for o in outs)
+    wl = replace(WP, requests=WP.requests + (replace(WP.requests[0], slot=4),), server=replace(WP.server, parallel=5))
+    return replace(r, outcomes=outs, trace=tuple(tr)), wl
+
+
+def test_two_slots_in_their_prompt_are_measured_together():
+    """The accounting gives their sum (691); each holds at most its prompt, at least what the
+    other's prompt leaves: slot 3 (prompt 960) in [651, 691], slot 4 (prompt 40) in [0, 40]. So
+    slot 3 held the most, measured, and nothing leaked. (Before, slot 4 was left out and its
+    cells and slot 3's read as 684 leaked: a right eviction FAILED.)"""
+    r, wl = two_prompts()
+    ev, = measure.overflows(r, wl)
+    cells = {s.slot: (s.cells, s.spread) for s in ev.in_play}
+    assert cells == {0: (101, 0), 1: (111, 0), 2: (121, 0), 3: (671, 20), 4: (20, 20)}
+    assert ev.leaked == 0 and ev.full and ev.expected == (3,) and ev.margin == 550
+    assert judged(verify.judge(wl, "candidate", r)) == {"one-victim-per-overflow": "pass", "victim-is-largest": "pass"}
+
+
+def test_cells_beyond_the_prompts_room_are_leaked():
+    """Mutant of the accounting: slot 3's prompt 600, so the two prompts hold at most 640 of the
+    691 cells: 51 are no slot's (a terminated slot's cells not freed reads so), and
+    one-victim-per-overflow fails quoting them."""
+    r, wl = two_prompts(prompt3=600)
+    ev, = measure.overflows(r, wl)
+    assert ev.leaked == 51 and not ev.full
+    assert "51 cell(s) taken by no slot in play" in failed(verify.judge(wl, "candidate", r))["one-victim-per-overflow"]
+
+
+def test_prompts_not_told_apart_leave_the_victim_unjudged():
+    """Two prompts of 960: each holds anywhere in [0, 691], so which held the most is not measured.
+    victim-is-largest is then inconclusive (not evidence either way), never a FAIL or a PASS."""
+    r, wl = two_prompts(prompt4=960)
+    ev, = measure.overflows(r, wl)
+    # (each range alone, [0, 691], reaches down to the generating slots' cells: they are in the band too)
+    assert {3, 4} <= set(ev.expected) and ev.full
+    v = verify.judge(wl, "candidate", r)
+    c = next(c for c in v.checks if c.name == "victim-is-largest")
+    assert c.status == "inconclusive" and "not told apart, not judged" in c.detail, c
+    assert judged(v) == {"one-victim-per-overflow": "pass", "victim-is-largest": "inconclusive"}
+
+
+FLAKE_LOG = Path(__file__).parent / "logs" / "prompt-survivor-full.two-prompts.log"
+
+
+def flake_run(text=None, victim=0):
+    """A real CI run (2026-12-07, layout D, the right patch): prompt-survivor-full's earlier start
+    with both slots in their prompts when the pool ran out (slot 0: 576 of 600 cells, slot 1: 448
+    of 500), slot 0 terminated. Upstream's log, cut after the eviction; the outcomes as measured."""
+    from toolkit.record import events_from_log, trace_from_log
+    text = text or FLAKE_LOG.read_text()
+    wl = load("prompt-survivor-full")
+    outs = tuple(Outcome(s, "errored" if s == victim else "completed", 200, EXC if s == victim else None, True,
+                         None, None, None, (), p, r.n_predict, 0.0, None, 0.19)
+                 for s, p, r in ((0, 600, wl.requests[0]), (1, 500, wl.requests[1])))
+    return Run(wl.name, outs, (), events_from_log(text), True, True, None, 1.0, text, pool=1024,
+               trace=trace_from_log(text)), wl
+
+
+def test_a_right_eviction_of_two_prompts_passes_on_the_real_log():
+    """The CI flake: its step had prompt chunks alone (no entry line), and it was read as the step
+    before it; both slots measured together, slot 0 in [524, 600], slot 1 in [424, 500]."""
+    r, wl = flake_run()
+    ev, = measure.overflows(r, wl)
+    assert {s.slot: (s.cells, s.spread, s.phase) for s in ev.in_play} == {0: (562, 38, "prompt"), 1: (462, 38, "prompt")}
+    assert (ev.expected, ev.margin, ev.uncertainty, ev.leaked, ev.full) == ((0,), 100, 76, 0, True)
+    assert judged(verify.judge(wl, "candidate", r), "witness-agrees") == dict.fromkeys(
+        ("one-victim-per-overflow", "victim-is-largest", "witness-agrees"), "pass")
+
+
+def test_the_real_log_still_catches_a_wrong_victim_and_a_wrong_witness():
+    """Mutants on the same log: the error sent to slot 1 (448 cells: its most, 500, is below slot 0's
+    least, 524) fails victim-is-largest; the patch's line claiming 700 cells fails witness-agrees."""
+    text = FLAKE_LOG.read_text()
+    r, wl = flake_run(text.replace("send_error: task id = 8,", "send_error: task id = 0,"), victim=1)
+    assert "OUTSIDE the policy's choice" in failed(verify.judge(wl, "candidate", r))["victim-is-largest"]
+    r, wl = flake_run(text.replace("terminating slot 0 (576 cells", "terminating slot 0 (700 cells"))
+    assert failed(verify.judge(wl, "candidate", r))["witness-agrees"] == "log says slot 0 held 700 cells, measured 562±38"
 
 
 def test_the_counters_are_held_to_the_events_measured():
