@@ -149,17 +149,17 @@ def one_victim(m: Measured, witness_expected: bool = False) -> list[Check]:
               + ("" if all(o.error == EXCEEDED for o in errored) else " (not upstream's text: reported, not judged)")
               if errored else "no victim"),
     ]
-    # expected: the policy's choice; equal slots are each a right victim (four equal requests: any of
-    # the four), a victim outside the choice is evidence against the patch. Slots tied only within
-    # the measurement's doubt (several prompts measured together) are not told apart: not judged.
+    # expected: every slot within the measured doubt of the policy's choice is a right victim (the
+    # policy's own equivalence: four equal requests, any of the four; several prompts measured
+    # together, any whose range reaches the largest's); a victim outside that band is evidence
+    # against the patch
     wrong = [e for e in evs if not set(e.terminated) <= set(e.expected)]
-    doubt = [e for e in evs if e not in wrong and len(e.expected) > 1 and any(e.at(s).spread for s in e.expected)]
-    checks.append(Check(
-        f"victim-is-{policy}", "fail" if wrong or not evs else "inconclusive" if doubt else "pass",
+    checks.append(_check(
+        f"victim-is-{policy}", bool(evs) and not wrong,
         "; ".join(f"terminated {list(e.terminated)}, measured {policy}: {list(e.expected)}"
-                  + ((f" (tied within the measurement's doubt of {e.uncertainty} cells: not told apart, not judged)"
-                      if e in doubt else " (equal: any of them is right)") if len(e.expected) > 1 else
-                     f" (margin {e.margin} cells, uncertainty {e.uncertainty})")
+                  + ((f" (tied within the measurement's doubt of {e.uncertainty} cells: any of them is right)"
+                      if any(e.at(s).spread for s in e.expected) else " (equal: any of them is right)")
+                     if len(e.expected) > 1 else f" (margin {e.margin} cells, uncertainty {e.uncertainty})")
                   + ("" if set(e.terminated) <= set(e.expected) else " OUTSIDE the policy's choice")
                   for e in evs) or "no eviction measured"))
     checks.append(witness(m, witness_expected))

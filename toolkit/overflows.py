@@ -284,7 +284,7 @@ def _shared(prompting: list[int], together: int, outs: dict[int, Outcome], posit
     cells both held read as leaked: a right eviction FAILED (CI, prompt-survivor-full: slots 0 and
     1 in their prompts of 600 and 500 with 576 and 448 cells, "1024 cell(s) taken by no slot in
     play"). Now: slot 0 in [524, 600], slot 1 in [424, 500], so slot 0 held the most, measured.
-    Where the ranges overlap, the victim is not told apart (victim-is-* does not judge it)."""
+    Where the ranges overlap, each is a right victim (a tie within the measurement's doubt)."""
     room = {s: outs[s].prompt_tokens for s in prompting}
     held = min(together, sum(room.values()))
     out = []

@@ -248,17 +248,18 @@ def test_cells_beyond_the_prompts_room_are_leaked():
     assert "51 cell(s) taken by no slot in play" in failed(verify.judge(wl, "candidate", r))["one-victim-per-overflow"]
 
 
-def test_prompts_not_told_apart_leave_the_victim_unjudged():
+def test_prompts_not_told_apart_tie_within_the_measurements_doubt():
     """Two prompts of 960: each holds anywhere in [0, 691], so which held the most is not measured.
-    victim-is-largest is then inconclusive (not evidence either way), never a FAIL or a PASS."""
+    By the policy's equivalence (issue 34: any slot within the measured uncertainty of the largest
+    is a right victim) either is right, and the detail says the tie is the measurement's doubt."""
     r, wl = two_prompts(prompt4=960)
     ev, = measure.overflows(r, wl)
     # (each range alone, [0, 691], reaches down to the generating slots' cells: they are in the band too)
     assert {3, 4} <= set(ev.expected) and ev.full
     v = verify.judge(wl, "candidate", r)
     c = next(c for c in v.checks if c.name == "victim-is-largest")
-    assert c.status == "inconclusive" and "not told apart, not judged" in c.detail, c
-    assert judged(v) == {"one-victim-per-overflow": "pass", "victim-is-largest": "inconclusive"}
+    assert c.status == "pass" and "tied within the measurement's doubt of 346 cells" in c.detail, c
+    assert judged(v) == {"one-victim-per-overflow": "pass", "victim-is-largest": "pass"}
 
 
 FLAKE_LOG = Path(__file__).parent / "logs" / "prompt-survivor-full.two-prompts.log"
