@@ -238,14 +238,14 @@ WAIT_SAID_S = 10.0   # how often a wait on a silent server is said
 
 
 class Waiting:
-    """Says every `every` s (WAIT_SAID_S) how long no open request has received a byte (keep-alive
+    """Says every WAIT_SAID_S s how long no open request has received a byte (keep-alive
     pings are not bytes here: exchange._progress), up to the timeout that ends them: a run that
     waits its 30 s or more on a silent server says why it is slow instead of looking hung. As
     exchange's `flood` it never cuts anything (None)."""
 
-    def __init__(self, say: Callable[[str], None], what: str, timeout: float, every: float | None = None) -> None:
+    def __init__(self, say: Callable[[str], None], what: str, timeout: float) -> None:
         self.say, self.what, self.timeout, self.told = say, what, timeout, 0.0
-        self.every = WAIT_SAID_S if every is None else every
+        self.every = WAIT_SAID_S     # read when made: a test sets the module's constant, one knob
 
     def __call__(self, last: float) -> None:
         silent = (time.monotonic() - last) // self.every * self.every

@@ -74,13 +74,13 @@ def test_a_server_is_stalled_only_when_silent_with_a_request_waiting(tmp_path):
 
 def test_a_wait_on_a_silent_server_is_said_once_per_period_until_a_byte_comes():
     """runner.Waiting, a laboratory run's exchange watcher: a request that waits its idle timeout
-    (30 s or more) on a silent server is said every `every` s, each period once, and a byte (a
+    (30 s or more) on a silent server is said every WAIT_SAID_S (10 s), each period once, and a byte (a
     newer `last`) starts the count again. It never cuts anything (exchange's flood: None)."""
     import time
 
     from toolkit import runner
     said = []
-    w = runner.Waiting(said.append, "overflow-4.candidate.0", 30, every=10)
+    w = runner.Waiting(said.append, "overflow-4.candidate.0", 30)
     now = time.monotonic()
     assert w(now - 3) is None and said == []                 # 3 s: not yet a period
     w(now - 10.5)
