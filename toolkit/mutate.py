@@ -403,18 +403,19 @@ def operator_campaign(repo: git.Repo, base: str, workloads: list[Workload], *, s
                             x.startswith("FAIL")), out[-1])
                 killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, m.context, "killed", "property",
                                         "property harness", why.strip()[:300], time.monotonic() - t)
-        for wl in workloads if killed is None else ():
-            res = verify_mod.run_suite(repo, base, sha, [wl], work_dir=out_dir / f"m{m.id}", expect="eviction",
+        if killed is None:
+            # stopping at the first workload whose candidate fails a check (run_suite's fail_fast):
+            # one kill is the verdict, the rest of the suite would only repeat it
+            res = verify_mod.run_suite(repo, base, sha, list(workloads), work_dir=out_dir / f"m{m.id}", expect="eviction",
                                        evicting_patch=True, reuse=reuse, say=lambda s: None, progress=progress,
                                        shapes=spec.shapes, pairs=spec.pairs, candidate_env={operators.ENV: str(m.id)},
-                                       model_name=model_name, family=spec.name)
-            fails = [(c, v) for w in res.results for v in w.verdicts if v.side == "candidate" for c in v.checks
-                     if c.status == "fail"]
+                                       model_name=model_name, family=spec.name, fail_fast=True)
+            fails = [(w.workload, c, v) for w in res.results for v in w.verdicts if v.side == "candidate"
+                     for c in v.checks if c.status == "fail"]
             if fails:
-                c, v = fails[0]
+                wl, c, v = fails[0]
                 killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, m.context, "killed", c.name,
                                         f"{wl.name} run {v.run_index + 1}", c.detail[:300], time.monotonic() - t)
-                break
         if killed is None:
             why = equivalent.get(m.key)
             killed = OperatorResult(m.id, m.line, m.operator, m.original, m.mutated, m.context,
