@@ -136,7 +136,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _choose(slots: list[SlotAt], policy: str, wl: Workload,
-            tasks: dict[int, int] | None = None) -> tuple[tuple[int, ...], int, int]:
+            tasks: dict[int, int] | None = None, shared: int = 0) -> tuple[tuple[int, ...], int, int]:
     """(the policy's victims, margin over the runner-up, uncertainty). `newest`: the slot whose
     task the server created last (its id, from upstream's launch lines): requests released
     together still reach the server one after another, so there is always one newest, and
@@ -154,9 +154,19 @@ def _choose(slots: list[SlotAt], policy: str, wl: Workload,
     sign = 1 if policy == "largest" else -1
     ranked = sorted(slots, key=lambda s: sign * s.cells, reverse=True)
     best = ranked[0]
-    # the policy's own equivalence: every slot within the measurement's doubt of the best is a right
-    # victim (four equal requests: any of the four); the margin is over the first slot outside that band
-    tied = tuple(s.slot for s in ranked if abs(best.cells - s.cells) <= best.spread + s.spread)
+    # the policy's own equivalence: every slot that can be the policy's choice within the
+    # measurement's doubt is a right victim (four equal requests: any of the four). Each slot holds
+    # cells - spread .. cells + spread; the choice holds at least the most any slot surely holds
+    # (largest; mirrored for smallest), and of k slots in their prompt measured together
+    # (`shared`: the cells they hold between them) one holds at least a k-th of it, at most a k-th
+    # for the smallest
+    k = sum(1 for s in slots if s.source.endswith("shared)"))
+    if sign > 0:
+        bar = max([s.cells - s.spread for s in slots] + ([-(-shared // k)] if k else []))
+        tied = tuple(s.slot for s in ranked if s.cells + s.spread >= bar)
+    else:
+        bar = min([s.cells + s.spread for s in slots] + ([shared // k] if k else []))
+        tied = tuple(s.slot for s in ranked if s.cells - s.spread <= bar)
     runner = next((s for s in ranked if s.slot not in tied), None)
     if runner is None:
         return tied, 0, max(s.spread for s in ranked)
@@ -356,6 +366,7 @@ def _from_trace(run: Run, wl: Workload, policy: str, parked: bool = False) -> tu
         ended = {x.slot for x in tr[:step] if x.kind == "release"} if step >= 0 else set()
         launched = {x.slot for x in tr[:max(step, 0)] if x.kind == "launch" and tasks.get(x.slot) == x.task}
         prompting = sorted((set(group) | (launched - ended)) - set(cells) - gone)
+        shared = 0
         if prompting and step >= 0:
             # The pool's accounting measures them together. The step failed when not one more cell
             # was free, so every cell is a slot's: the prompt slots held what the generating slots
@@ -365,8 +376,9 @@ def _from_trace(run: Run, wl: Workload, policy: str, parked: bool = False) -> tu
             together = leaked + max(0, off - len(entries))
             slots += _shared(prompting, together, outs, len(every) - len(cut))
             # cells beyond every prompt's room are no slot's: a leak, as above
-            leaked = max(0, together - sum(outs[s_].prompt_tokens for s_ in prompting))
-        expected, margin, unc = _choose(slots, policy, wl, tasks)
+            room = sum(outs[s_].prompt_tokens for s_ in prompting)
+            leaked, shared = max(0, together - room), min(together, room)
+        expected, margin, unc = _choose(slots, policy, wl, tasks, shared)
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),
                                expected, margin, unc, leaked))
         # what this overflow's surgery took out of the step's batch: the terminated slots' entries

@@ -254,12 +254,18 @@ def test_prompts_not_told_apart_tie_within_the_measurements_doubt():
     is a right victim) either is right, and the detail says the tie is the measurement's doubt."""
     r, wl = two_prompts(prompt4=960)
     ev, = measure.overflows(r, wl)
-    # (each range alone, [0, 691], reaches down to the generating slots' cells: they are in the band too)
-    assert {3, 4} <= set(ev.expected) and ev.full
+    # one of the two holds at least half of the 691 (346): the generating slots (101-121) cannot be
+    # the largest, though each range alone reaches down to them
+    assert ev.expected == (3, 4) and ev.full
     v = verify.judge(wl, "candidate", r)
     c = next(c for c in v.checks if c.name == "victim-is-largest")
     assert c.status == "pass" and "tied within the measurement's doubt of 346 cells" in c.detail, c
     assert judged(v) == {"one-victim-per-overflow": "pass", "victim-is-largest": "pass"}
+    # mutant: the error sent to generating slot 2 instead (121 cells): outside the band, a FAIL
+    wrong = replace(r, trace=tuple(replace(t, task=52) if t.kind == "error" else t for t in r.trace),
+                    outcomes=tuple(replace(o, outcome="errored" if o.slot == 2 else "completed",
+                                           error=EXC if o.slot == 2 else None) for o in r.outcomes))
+    assert "terminated [2], measured largest: [3, 4]" in failed(verify.judge(wl, "candidate", wrong))["victim-is-largest"]
 
 
 FLAKE_LOG = Path(__file__).parent / "logs" / "prompt-survivor-full.two-prompts.log"
@@ -343,3 +349,18 @@ def test_a_mutant_whose_killer_never_judged_it_is_not_reached_not_alive():
     kills, why = suite_kills([wr(skip, bad)], "parked-first")
     assert [(k.check, k.where, k.run) for k in kills] == [("parked-first", "park-arrivals-3 run 2", 2)] and why == ""
     assert suite_kills([wr(skip)], "streams-exact") == ([], "")              # another killer: not this rule's
+
+
+def test_the_band_of_right_victims_is_every_slot_that_can_hold_the_most():
+    """The policy's equivalence within the measurement's doubt: a slot is a right victim when its
+    range reaches what the choice surely holds. Slot 0 measured 100±50 (from arrival times), slot 1
+    exactly 90, slot 2 exactly 60: the largest holds at least 90, so slot 2 (60 at most) is outside
+    the band (it was inside when the band was "within the summed spreads of the best", 40 <= 50)."""
+    from toolkit.overflows import SlotAt, _choose
+
+    def at(slot, cells, spread):
+        return SlotAt(slot, 40, 1, cells, slot, spread, "arrival times")
+    slots = [at(0, 100, 50), at(1, 90, 0), at(2, 60, 0)]
+    assert _choose(slots, "largest", WL)[0] == (0, 1)
+    assert _choose(slots, "smallest", WL)[0] == (2, 0)      # the smallest holds at most 60: slot 0 reaches 50
+    assert _choose([at(0, 100, 0), at(1, 90, 0), at(2, 100, 0)], "largest", WL)[:2] == ((0, 2), 10)
