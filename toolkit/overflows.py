@@ -286,6 +286,20 @@ def _children(step: list, wl: Workload, outs: dict) -> dict[int, int]:
     return {x.slot: max(0, x.value - shared) for x in step if x.kind == "entry" and x.slot not in outs}
 
 
+def _chunked(chunks: list, outs: dict[int, Outcome], first: int, off: int, n_batch: int) -> list[SlotAt]:
+    """The slots in their prompt at a failing step, each from its chunk line (upstream's "cached
+    n_tokens = N, memory_seq_rm [p0, end)": the p0 cells it held as its chunk joined the batch).
+    The chunks follow the generating slots' entries in the batch, in the lines' order, each as long
+    as its prompt's rest or the batch's room; its entries below `off` were decoded in this step."""
+    out = []
+    for x in chunks:
+        size = max(0, min(outs[x.slot].prompt_tokens - x.value, n_batch - first))
+        out.append(SlotAt(x.slot, outs[x.slot].prompt_tokens, 0, x.value + max(0, min(size, off - first)), first, 0,
+                          "server log (its prompt chunk)", "prompt"))
+        first += size
+    return out
+
+
 def _shared(prompting: list[int], together: int, outs: dict[int, Outcome], position: int) -> list[SlotAt]:
     """The slots in their prompt at a failing step, holding `together` cells between them. Upstream
     logs no line per prompt chunk, so one such slot holds exactly `together`; of several, each holds
@@ -367,12 +381,20 @@ def _from_trace(run: Run, wl: Workload, policy: str, parked: bool = False) -> tu
         launched = {x.slot for x in tr[:max(step, 0)] if x.kind == "launch" and tasks.get(x.slot) == x.task}
         prompting = sorted((set(group) | (launched - ended)) - set(cells) - gone)
         shared = 0
-        if prompting and step >= 0:
-            # The pool's accounting measures them together. The step failed when not one more cell
-            # was free, so every cell is a slot's: the prompt slots held what the generating slots
-            # did not when the step began (`leaked` above), plus their entries decoded below `off`
-            # in this step (prompt chunks follow the generating slots' entries in the batch; a
-            # terminated slot's decoded entry below an earlier offset stays).
+        chunks = [x for x in tr[step:i] if x.kind == "chunk" and x.slot in prompting] if step >= 0 else []
+        if prompting and {x.slot for x in chunks} == set(prompting) and len(chunks) == len(prompting) \
+                and sum(x.value for x in chunks) <= leaked:
+            # Each one's chunk line names the cells it held as its chunk joined the batch: exact.
+            # What the generating slots and these do not hold is no slot's (a leak).
+            slots += _chunked(chunks, outs, len(every) - len(cut), off, wl.server.batch or 2048)
+            leaked -= sum(x.value for x in chunks)
+        elif prompting and step >= 0:
+            # A slot in its prompt without a chunk line in this step (a layout or a batch that names
+            # none): the pool's accounting measures them together. The step failed when not one
+            # more cell was free, so every cell is a slot's: the prompt slots held what the
+            # generating slots did not when the step began (`leaked` above), plus their entries
+            # decoded below `off` in this step (prompt chunks follow the generating slots' entries
+            # in the batch; a terminated slot's decoded entry below an earlier offset stays).
             together = leaked + max(0, off - len(entries))
             slots += _shared(prompting, together, outs, len(every) - len(cut))
             # cells beyond every prompt's room are no slot's: a leak, as above

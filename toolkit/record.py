@@ -64,10 +64,11 @@ class Trace:
     code, not the patch's: per step, each generating slot's batch entry and the cells it held
     ("slot decode token ... n_tokens"), each sampled token ("n_gen ... next token"), the decode
     retries with their offset, errors sent, releases, launches."""
-    kind: str        # step | entry | token | batch | retry | error | release | launch | post | loop | restore
+    kind: str        # step | entry | token | batch | retry | error | release | launch | post | loop | restore | chunk
     slot: int = -1
     task: int = -1
-    value: int = 0   # entry: cells held; token: n_gen; batch: entries; retry: off; release: n_tokens; restore: cells
+    value: int = 0   # entry: cells held; token: n_gen; batch: entries; retry: off; release: n_tokens; restore: cells;
+    #                  chunk: cells held as its next prompt chunk joins the batch
     token: int = -1  # entry / token: the token id; retry: n_batch
     text: str = ""   # error: the message
 
@@ -194,6 +195,10 @@ TRACE_RES = (
     ("error", re.compile(r"send_error: task id = (-?\d+), error: (.*)$")),
     ("release", re.compile(_SLOT + r"stop processing: n_tokens = (\d+)")),
     ("launch", re.compile(_SLOT + r"processing task")),
+    # a slot in its prompt, as the loop adds its next chunk to the step's batch: the cells it holds
+    # then ("memory_seq_rm [p0, end)" from B on, "kv cache rm [p0, end)" on A). Several slots in
+    # their prompt at a failing step are measured from these (overflows._chunked)
+    ("chunk", re.compile(_SLOT + r"(?:cached n_tokens = \d+, memory_seq_rm|kv cache rm) \[(\d+), end\)")),
     # a task the HTTP thread handed to the server's queue (upstream's queue, "new task, id = 7/1"):
     # when a request arrived, in the loop's order. The loop's own NEXT_RESPONSE tasks log it too;
     # a request's is the one whose id a launch names
@@ -230,7 +235,7 @@ def last_request_ended(text: str) -> bool | None:
 # a cheap substring test first: a verbose log has ~11,000 lines per run, a few hundred of them ours
 _TRACE_HINTS = ("NEXT_RESPONSE", "decode token", "n_gen = ", "n_decoded = ", "retrying", "memory slot", "send_error",
                 "stop processing", "processing task", "start_loop: processing", "state_read_meta",
-                "cleaning up before exit", "new task, id")
+                "cleaning up before exit", "new task, id", ", end)")
 
 
 def trace_from_log(text: str) -> tuple[Trace, ...]:
@@ -265,6 +270,8 @@ def trace_from_log(text: str) -> tuple[Trace, ...]:
                 out.append(Trace("exit"))
             elif kind == "post":
                 out.append(Trace("post", task=int(g[0])))
+            elif kind == "chunk":
+                out.append(Trace("chunk", int(g[0]), int(g[1]), int(g[2])))
             else:
                 out.append(Trace("launch", int(g[0]), int(g[1])))
             break

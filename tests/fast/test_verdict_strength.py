@@ -287,23 +287,43 @@ def flake_run(text=None, victim=0):
 
 def test_a_right_eviction_of_two_prompts_passes_on_the_real_log():
     """The CI flake: its step had prompt chunks alone (no entry line), and it was read as the step
-    before it; both slots measured together, slot 0 in [524, 600], slot 1 in [424, 500]."""
+    before it. Each slot's chunk line names the cells it held as its chunk joined the batch: slot 0
+    576, slot 1 448 (1024: the pool, full), nothing decoded at off 0; slot 0 held the most."""
     r, wl = flake_run()
     ev, = measure.overflows(r, wl)
-    assert {s.slot: (s.cells, s.spread, s.phase) for s in ev.in_play} == {0: (562, 38, "prompt"), 1: (462, 38, "prompt")}
+    assert {s.slot: (s.cells, s.spread, s.phase, s.position) for s in ev.in_play} == \
+        {0: (576, 0, "prompt", 0), 1: (448, 0, "prompt", 24)}
+    assert (ev.expected, ev.margin, ev.uncertainty, ev.leaked, ev.full) == ((0,), 128, 0, 0, True)
+    assert judged(verify.judge(wl, "candidate", r), "witness-agrees") == dict.fromkeys(
+        ("one-victim-per-overflow", "victim-is-largest", "witness-agrees"), "pass")
+
+
+def test_without_chunk_lines_two_prompts_are_measured_together_on_the_real_log():
+    """The same log without the chunk lines (a layout or a batch that names none): the accounting
+    gives their sum (1024), each in a range from the prompts' room: slot 0 in [524, 600], slot 1 in
+    [424, 500]. Slot 0 still held the most, measured, and the witness's 576 is within its range."""
+    text = "\n".join(x for x in FLAKE_LOG.read_text().splitlines() if "memory_seq_rm" not in x)
+    r, wl = flake_run(text)
+    ev, = measure.overflows(r, wl)
+    assert {s.slot: (s.cells, s.spread) for s in ev.in_play} == {0: (562, 38), 1: (462, 38)}
     assert (ev.expected, ev.margin, ev.uncertainty, ev.leaked, ev.full) == ((0,), 100, 76, 0, True)
     assert judged(verify.judge(wl, "candidate", r), "witness-agrees") == dict.fromkeys(
         ("one-victim-per-overflow", "victim-is-largest", "witness-agrees"), "pass")
 
 
-def test_the_real_log_still_catches_a_wrong_victim_and_a_wrong_witness():
-    """Mutants on the same log: the error sent to slot 1 (448 cells: its most, 500, is below slot 0's
-    least, 524) fails victim-is-largest; the patch's line claiming 700 cells fails witness-agrees."""
+def test_the_real_log_still_catches_a_wrong_victim_a_wrong_witness_and_a_leak():
+    """Mutants on the same log: the error sent to slot 1 (448 cells) fails victim-is-largest; the
+    patch's line claiming 700 cells fails witness-agrees; slot 1's chunk line at 400 cells leaves
+    48 cells no slot holds, and one-victim-per-overflow fails quoting them."""
     text = FLAKE_LOG.read_text()
     r, wl = flake_run(text.replace("send_error: task id = 8,", "send_error: task id = 0,"), victim=1)
     assert "OUTSIDE the policy's choice" in failed(verify.judge(wl, "candidate", r))["victim-is-largest"]
     r, wl = flake_run(text.replace("terminating slot 0 (576 cells", "terminating slot 0 (700 cells"))
-    assert failed(verify.judge(wl, "candidate", r))["witness-agrees"] == "log says slot 0 held 700 cells, measured 562±38"
+    assert failed(verify.judge(wl, "candidate", r))["witness-agrees"] == "log says slot 0 held 700 cells, measured 576"
+    leak = "id  1 | task 0 | cached n_tokens = 448, memory_seq_rm [448, end)"
+    assert leak in text
+    r, wl = flake_run(text.replace(leak, leak.replace("[448", "[400")))
+    assert "48 cell(s) taken by no slot in play" in failed(verify.judge(wl, "candidate", r))["one-victim-per-overflow"]
 
 
 def test_the_counters_are_held_to_the_events_measured():

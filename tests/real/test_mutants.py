@@ -64,8 +64,9 @@ def test_a_victim_entry_left_in_the_batch_shows_in_the_pools_accounting(c2, c2_b
 
 
 def test_a_victim_in_its_prompt_is_measured_and_its_kept_chunk_shows(c2, c2_base, tmp_path):
-    """prompt-victim: the pool runs out while slot 3 is in its 960-token prompt (no upstream line per
-    chunk: its cells come from the pool's accounting). The right patch terminates it, measured the
+    """prompt-victim: the pool runs out while slot 3 is in its 960-token prompt (upstream logs no
+    decode line for a prompt chunk; its chunk line names the cells it held as the chunk joined the
+    batch, and the pool's accounting must agree). The right patch terminates it, measured the
     largest by hundreds of cells; a patch that leaves its undecoded chunk in the batch has the
     chunk decoded into the freed cells, which no slot holds (tens of cells, not one)."""
     res = verify.verify(git.Repo(c2.path), base_ref=source.BASELINE_TAG, workloads=[workload.load("prompt-victim")],
@@ -75,7 +76,7 @@ def test_a_victim_in_its_prompt_is_measured_and_its_kept_chunk_shows(c2, c2_base
     ev, = measure.overflows(wr.candidate[0], wr.workload)
     at = {s.slot: s for s in ev.in_play}
     assert ev.terminated == (3,) and ev.full and at[3].generated == 0
-    assert at[3].source == "server log (pool accounting)"
+    assert at[3].source == "server log (its prompt chunk)"
     assert at[3].cells > max(at[j].cells for j in (0, 1, 2)) + 300, at
     k = kill(c2, tmp_path, "entries-kept", "prompt-victim")
     m = re.search(r"WRONG .* (\d+) cell\(s\) taken by no slot in play", k["one-victim-per-overflow"])
