@@ -384,3 +384,13 @@ def test_the_band_of_right_victims_is_every_slot_that_can_hold_the_most():
     assert _choose(slots, "largest", WL)[0] == (0, 1)
     assert _choose(slots, "smallest", WL)[0] == (2, 0)      # the smallest holds at most 60: slot 0 reaches 50
     assert _choose([at(0, 100, 0), at(1, 90, 0), at(2, 100, 0)], "largest", WL)[:2] == ((0, 2), 10)
+
+
+def test_a_chunk_line_is_read_in_every_layouts_wording():
+    """The cells a slot in its prompt holds as its next chunk joins the batch: "cached n_tokens = N,
+    memory_seq_rm [p0, end)" from B on (SLT_TRC), "kv cache rm [p0, end)" on A (SLT_INF). p0 is what
+    it holds (the rest is removed), not N (the cached prompt, which may be longer)."""
+    from toolkit.record import trace_from_log
+    b_on = "0.00.188.195 I slot   operator(): id  1 | task 0 | cached n_tokens = 450, memory_seq_rm [448, end)"
+    a = "slot update_slots: id  3 | task 12 | kv cache rm [640, end)"
+    assert trace_from_log(b_on + "\n" + a) == (Trace("chunk", 1, 0, 448), Trace("chunk", 3, 12, 640))
