@@ -301,10 +301,10 @@ def _chunked(chunks: list, outs: dict[int, Outcome], first: int, off: int, n_bat
 
 
 def _shared(prompting: list[int], together: int, outs: dict[int, Outcome], position: int) -> list[SlotAt]:
-    """The slots in their prompt at a failing step, holding `together` cells between them. Upstream
-    logs no line per prompt chunk, so one such slot holds exactly `together`; of several, each holds
-    at most its prompt and at least what the others' prompts leave: a range, given as its middle
-    with half its width as the spread. Before, a second slot in its prompt was left out and the
+    """The slots in their prompt at a failing step where a chunk line does not name each one's cells
+    (_chunked), holding `together` cells between them by the pool's accounting: one such slot holds
+    exactly `together`; of several, each holds at most its prompt and at least what the others'
+    prompts leave: a range, given as its middle with half its width as the spread. Before, a second slot in its prompt was left out and the
     cells both held read as leaked: a right eviction FAILED (CI, prompt-survivor-full: slots 0 and
     1 in their prompts of 600 and 500 with 576 and 448 cells, "1024 cell(s) taken by no slot in
     play"). Now: slot 0 in [524, 600], slot 1 in [424, 500], so slot 0 held the most, measured.
