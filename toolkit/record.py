@@ -80,7 +80,6 @@ class Run:
     samples: tuple[Sample, ...]
     events: tuple[Event, ...]  # the logs' testimony: a second witness, never the measurement
     alive_after: bool
-    followup_ok: bool
     exit_code: int | None      # the server's, if it died during the run
     wall: float
     log: str
@@ -106,6 +105,11 @@ class Run:
     # why the follow-up request did not complete ("" when it did): its outcome and error, or why it
     # was not sent (the server was not answering)
     followup: str = ""
+
+    @property
+    def followup_ok(self) -> bool:
+        """The request sent after the workload completed: no reason it did not (`followup`)."""
+        return not self.followup
 
     def metric(self, name: str) -> float | None:
         return dict(self.metrics or ()).get(name)

@@ -432,7 +432,7 @@ def run_once(binary: Path, model: Path, wl: Workload, log_path: Path, *, draft: 
         if followup_ok:
             caught_up(log_path)
     size, text = log_path.stat().st_size, log_path.read_text(errors="replace")
-    return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, followup_ok, code, wall,
+    return Run(wl.name, tuple(outcomes), tuple(samples), events_from_log(text), alive, code, wall,
                str(log_path), launch_spread_ms=round(launch_spread_ms(text, wl), 3),
                sanitizer=sanitizer_findings(text), pool=pool_cells(text, wl.server.ctx), trace=trace_from_log(text),
                pool_probe=pool_probe, sanitized=binary_sanitizers(binary), metrics=metrics,

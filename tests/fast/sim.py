@@ -110,5 +110,5 @@ def simulate(prompts, n_predict, pool, *, launch=None, patched=True, policy="lar
                                 None, toks, prompts[j], npred[j],
                                 0.0, times[j][0] if times[j] else None, t_end[j], tuple(sorted(times[j]))))
     trace.append(Trace("exit"))
-    return Run("sim", tuple(outs), tuple(samples), tuple(events), True, True, None, step * dt, "log",
+    return Run("sim", tuple(outs), tuple(samples), tuple(events), True, None, step * dt, "log",
                pool=pool, trace=tuple(trace) if verbose else ())

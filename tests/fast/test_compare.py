@@ -223,7 +223,7 @@ def test_victim_must_be_prefix_of_control():
 
 
 def test_dead_server_fails_even_if_outcomes_look_fine():
-    r = replace(sim(WL), alive_after=False, followup_ok=False, exit_code=-11,
+    r = replace(sim(WL), alive_after=False, exit_code=-11,
                 followup="not sent: the server was not answering /health")
     why = failed(verify.judge(WL, "candidate", r))
     assert {"no-crash", "serves-after"} <= why.keys()
@@ -242,7 +242,7 @@ def test_same_as_base():
 
     def one(n):
         o = Outcome(0, "truncated", 200, None, True, "limit", True, n, tuple(range(n)), 40, 400, 0, 0, 0)
-        return Run("w", (o,), (), (), True, True, None, 0.3, "log")
+        return Run("w", (o,), (), (), True, None, 0.3, "log")
     assert verify.judge(wl, "candidate", one(156), base=one(156)).ok
     assert not verify.judge(wl, "candidate", one(150), base=one(156)).ok
 
@@ -389,7 +389,7 @@ def test_a_terminated_task_stops_in_its_step(order, why):
             "loop": Trace("loop"), "entry": Trace("entry", 0, 7, 12, 5)}
     outs = tuple(Outcome(j, o, None, None, True, None, None, None, (), 10, 4, 0.0, None, 0.1)
                  for j, o in ((0, "error"), (1, "completed")))
-    run = Run("w", outs, (), (), True, True, None, 0.1, "", trace=head + tuple(make[k] for k in order))
+    run = Run("w", outs, (), (), True, None, 0.1, "", trace=head + tuple(make[k] for k in order))
     problems, judged = measure.not_stopped(run)
     assert judged
     assert (problems == []) if why is None else any(why in p for p in problems), problems

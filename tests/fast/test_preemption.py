@@ -47,7 +47,7 @@ def run(park_at=3, back_after=2, resume_cells=None, idle=0, never=False, n=10, p
     outs = tuple(Outcome(s, "completed" if len(got[s]) == n else "timeout", 200, None, True, "limit", False, n,
                          tuple(got[s]), PROMPT, n, 0.0, 0.01, t,
                          tuple(times[s])) for s in (0, 1))
-    return Run("overflow-4", outs, (), (), True, True, None, t, "log", pool=64, trace=tuple(trace), pool_probe=probe)
+    return Run("overflow-4", outs, (), (), True, None, t, "log", pool=64, trace=tuple(trace), pool_probe=probe)
 
 
 def checks(r, control=None, own=compare.NONE):
@@ -448,7 +448,7 @@ def test_a_pause_is_a_swap_only_where_llamas_state_reader_read_its_slot_back():
         assert [t for t in trace if t.kind == "restore"][-1].slot == seq
         outs = tuple(Outcome(j, "completed", 200, None, True, "limit", False, 4, (1, 2, 3, 4), 9, 4, 0.0, 0.01, 0.1,
                              (0.01, 0.02, 0.03, 0.04)) for j in (0, 1))
-        run = Run("w", outs, (), (), True, True, None, 0.1, "", trace=trace)
+        run = Run("w", outs, (), (), True, None, 0.1, "", trace=trace)
         (p,), = pauses_mod.pauses.__wrapped__(run).values()
         assert p.slot == 0 and p.restored is swapped, p
 
@@ -495,7 +495,7 @@ def test_a_request_bigger_than_the_pool_is_excused_only_once_it_alone_filled_it(
                     tuple([0.5] * k))
         ok = Outcome(2, "completed", 200, None, True, "limit", False, 300, tuple([7] * 300), 100, 300, 0.0, 0.01, 1.0,
                      tuple([0.5] * 300))
-        r = Run("park-beside-family", (o, ok), (), (), True, True, None, 1.0, "log", pool=1024)
+        r = Run("park-beside-family", (o, ok), (), (), True, None, 1.0, "log", pool=1024)
         return {c.name: c for c in compare.preemption(measure.measure(r, wl), None)}["no-request-fails"]
     assert ended(411).status == "pass" and "once it alone filled the pool" in ended(411).detail
     assert "excused as a limit of this design, not as impossible" in ended(411).detail

@@ -12,7 +12,7 @@ from toolkit.record import Run
 def _made(calls: list, wall: float = 0.5):
     def make() -> Run:
         calls.append(1)
-        return Run("overflow-4", (), (), (), True, True, None, wall + len(calls), f"made-{len(calls)}.log")
+        return Run("overflow-4", (), (), (), True, None, wall + len(calls), f"made-{len(calls)}.log")
     return make
 
 
@@ -51,7 +51,7 @@ def test_a_reference_run_is_made_once_per_binary_model_workload_index_and_policy
                                           ["read", "base", "overflow-4", "0", "1.500"]], ledger
     assert ledger[0][5] == ledger[1][5] and len({u[5] for u in ledger}) == 7 == sum(u[0] == "made" for u in ledger)
     # a candidate's run is never read back, only written down under its key (its environment and flags in it)
-    run = Run("overflow-4", (), (), (), True, True, None, 0.25, "c.log")
+    run = Run("overflow-4", (), (), (), True, None, 0.25, "c.log")
     for extra in ((), (), (("MUTANT", "3"),)):
         runner.made("candidate", binary, model, wl, 0, "largest", run, extra)
     cands = [u for u in (line.split() for line in (tmp_path / "shared" / "ledger").read_text().splitlines())
@@ -74,8 +74,8 @@ def test_a_shared_runs_logs_are_kept_beside_it_so_every_report_names_a_log_that_
     first.mkdir()
     (first / "base.log").write_text("the run's log")
     (first / "base.start1.log").write_text("an earlier start's log")
-    earlier = Run("overflow-4", (), (), (), True, True, None, 0.1, str(first / "base.start1.log"))
-    run = replace(Run("overflow-4", (), (), (), True, True, None, 0.2, str(first / "base.log")), earlier=(earlier,))
+    earlier = Run("overflow-4", (), (), (), True, None, 0.1, str(first / "base.start1.log"))
+    run = replace(Run("overflow-4", (), (), (), True, None, 0.2, str(first / "base.log")), earlier=(earlier,))
     monkeypatch.setenv(runner.SHARED_ENV, str(tmp_path / "shared"))
     made, _ = runner.shared("base", binary, model, workload.load("overflow-4"), 0, "largest", lambda: run)
     read, kept = runner.shared("base", binary, model, workload.load("overflow-4"), 0, "largest", lambda: 1 / 0)

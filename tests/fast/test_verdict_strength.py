@@ -191,7 +191,7 @@ def prompt_phase_run():
     outs = tuple(Outcome(j, "errored" if j == 3 else "completed", 200, EXC if j == 3 else None, j != 3, None, None,
                          None, (), len(WP.requests[j].prompt), WP.requests[j].n_predict, 0.0, None, 1.0)
                  for j in range(4))
-    return Run("prompt-victim", outs, (), (), True, True, None, 1.0, "log", pool=1024, trace=tuple(tr))
+    return Run("prompt-victim", outs, (), (), True, None, 1.0, "log", pool=1024, trace=tuple(tr))
 
 
 def test_a_victim_in_its_prompt_is_measured_by_the_pools_accounting():
@@ -281,7 +281,7 @@ def flake_run(text=None, victim=0):
     outs = tuple(Outcome(s, "errored" if s == victim else "completed", 200, EXC if s == victim else None, True,
                          None, None, None, (), p, r.n_predict, 0.0, None, 0.19)
                  for s, p, r in ((0, 600, wl.requests[0]), (1, 500, wl.requests[1])))
-    return Run(wl.name, outs, (), events_from_log(text), True, True, None, 1.0, text, pool=1024,
+    return Run(wl.name, outs, (), events_from_log(text), True, None, 1.0, text, pool=1024,
                trace=trace_from_log(text)), wl
 
 
