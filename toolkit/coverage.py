@@ -71,24 +71,15 @@ def overflow_shapes(ev: measure.Overflow) -> set[str]:
     v = ev.at(victim_slot)
     survivors = [s for s in ev.in_play if s.slot != victim_slot]
     out = {f"in play: {'2' if len(ev.in_play) == 2 else '3+'}" if len(ev.in_play) >= 2 else "in play: 1"}
-    prompting = [s for s in ev.in_play if s.phase == "prompt"]
-
-    def undecoded(s: measure.SlotAt) -> int | None:
-        if s.phase == "generating":
-            return 1 if s.position >= ev.off else 0
-        if len(prompting) != 1:
-            return None  # several prompts in one batch: their entries are not told apart
-        return max(0, ev.entries - max(ev.off, s.position))
-
     def bucket(n: int) -> str:
         return ">1" if n > 1 else str(n)
     out.add(f"victim: {'generating' if v.phase == 'generating' else 'in its prompt'}")
-    nv = undecoded(v)
+    nv = overflows.undecoded(ev, v)
     if nv is not None:
         out.add(f"victim undecoded: {bucket(nv)}")
     for s in survivors:
         out.add(f"survivor: {'generating' if s.phase == 'generating' else 'in its prompt'}")
-        n = undecoded(s)
+        n = overflows.undecoded(ev, s)
         if n is not None:
             out.add(f"survivor undecoded: {bucket(n)}")
     if survivors:

@@ -136,7 +136,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _choose(slots: list[SlotAt], policy: str, wl: Workload,
-            tasks: dict[int, int] | None = None, shared: int = 0) -> tuple[tuple[int, ...], int, int]:
+            tasks: dict[int, int] | None = None, shared: tuple[int, int] = (0, 0)) -> tuple[tuple[int, ...], int, int]:
     """(the policy's victims, margin over the runner-up, uncertainty). `newest`: the slot whose
     task the server created last (its id, from upstream's launch lines): requests released
     together still reach the server one after another, so there is always one newest, and
@@ -158,14 +158,14 @@ def _choose(slots: list[SlotAt], policy: str, wl: Workload,
     # measurement's doubt is a right victim (four equal requests: any of the four). Each slot holds
     # cells - spread .. cells + spread; the choice holds at least the most any slot surely holds
     # (largest; mirrored for smallest), and of k slots in their prompt measured together
-    # (`shared`: the cells they hold between them) one holds at least a k-th of it, at most a k-th
-    # for the smallest
-    k = sum(1 for s in slots if s.source.endswith("shared)"))
+    # (`shared`: the cells they hold between them, and k) one holds at least a k-th of it, at most a
+    # k-th for the smallest
+    held, k = shared
     if sign > 0:
-        bar = max([s.cells - s.spread for s in slots] + ([-(-shared // k)] if k else []))
+        bar = max([s.cells - s.spread for s in slots] + ([-(-held // k)] if k else []))
         tied = tuple(s.slot for s in ranked if s.cells + s.spread >= bar)
     else:
-        bar = min([s.cells + s.spread for s in slots] + ([shared // k] if k else []))
+        bar = min([s.cells + s.spread for s in slots] + ([held // k] if k else []))
         tied = tuple(s.slot for s in ranked if s.cells - s.spread <= bar)
     runner = next((s for s in ranked if s.slot not in tied), None)
     if runner is None:
@@ -380,7 +380,7 @@ def _from_trace(run: Run, wl: Workload, policy: str, parked: bool = False) -> tu
         ended = {x.slot for x in tr[:step] if x.kind == "release"} if step >= 0 else set()
         launched = {x.slot for x in tr[:max(step, 0)] if x.kind == "launch" and tasks.get(x.slot) == x.task}
         prompting = sorted((set(group) | (launched - ended)) - set(cells) - gone)
-        shared = 0
+        shared = (0, 0)
         chunks = [x for x in tr[step:i] if x.kind == "chunk" and x.slot in prompting] if step >= 0 else []
         if prompting and {x.slot for x in chunks} == set(prompting) and len(chunks) == len(prompting) \
                 and sum(x.value for x in chunks) <= leaked:
@@ -399,7 +399,8 @@ def _from_trace(run: Run, wl: Workload, policy: str, parked: bool = False) -> tu
             slots += _shared(prompting, together, outs, len(every) - len(cut))
             # cells beyond every prompt's room are no slot's: a leak, as above
             room = sum(outs[s_].prompt_tokens for s_ in prompting)
-            leaked, shared = max(0, together - room), min(together, room)
+            leaked = max(0, together - room)
+            shared = (min(together, room), len(prompting)) if len(prompting) > 1 else (0, 0)
         expected, margin, unc = _choose(slots, policy, wl, tasks, shared)
         events.append(Overflow(err_at, tuple(sorted(group)), tuple(slots), run.pool, free, max(size, len(slots)),
                                expected, margin, unc, leaked))
@@ -570,6 +571,17 @@ PAIRS = tuple(p for p in PAIRS_ALL if p in {
     "victim undecoded >1 x survivor before, undecoded 0", "victim undecoded >1 x survivor before, undecoded 1"})
 
 
+def undecoded(ev: Overflow, s: SlotAt) -> int | None:
+    """How many of `s`'s entries in the failing batch were not decoded (from `off` on): a generating
+    slot's one entry, or the rest of a prompt chunk at the batch's end. None for a prompt beside
+    another prompt: their chunks are not told apart here (coverage and pairs leave them out)."""
+    if s.phase == "generating":
+        return 1 if s.position >= ev.off else 0
+    if sum(p.phase == "prompt" for p in ev.in_play) != 1:
+        return None
+    return max(0, ev.entries - max(ev.off, s.position))
+
+
 def overflow_pairs(ev: Overflow, policy_victim: bool = False) -> set[str]:
     """The pairs one measured overflow reached (the victim as in overflow_shapes: the one
     terminated). `policy_victim`: the policy's victim instead, as a designed shape is read (a candidate
@@ -579,19 +591,13 @@ def overflow_pairs(ev: Overflow, policy_victim: bool = False) -> set[str]:
     v = ev.at(victim_slot) if victim_slot is not None else None
     if v is None:
         return set()
-    prompting = [s for s in ev.in_play if s.phase == "prompt"]
-
-    def undecoded(s: SlotAt) -> str | None:
-        if s.phase == "generating":
-            return "1" if s.position >= ev.off else "0"
-        if len(prompting) != 1:
-            return None
-        n = max(0, ev.entries - max(ev.off, s.position))
-        return ">1" if n > 1 else str(n)
-    nv = undecoded(v)
+    def bucket(s: SlotAt) -> str | None:
+        n = undecoded(ev, s)
+        return None if n is None else ">1" if n > 1 else str(n)
+    nv = bucket(v)
     out = set()
     for s in ev.in_play:
-        ns = undecoded(s) if s.slot != v.slot else None
+        ns = bucket(s) if s.slot != v.slot else None
         if nv is not None and ns is not None:
             out.add(f"victim undecoded {nv} x survivor {'before' if s.position < v.position else 'after'}, "
                     f"undecoded {ns}")
